@@ -1,0 +1,419 @@
+//! The driver HAL: what a stream-ordered pool needs from a device.
+//!
+//! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these three object-safe
+//! traits; the pool engine and the typed handles of this crate are written against them and
+//! never name a backend.
+//!
+//! # Who validates what
+//!
+//! * The **backend** validates every device address it is given: a range that is not inside
+//!   memory it currently has mapped (or allocated with [`DeviceHal::malloc`]) is an
+//!   [`DriverError::InvalidAddress`], never a crash. That is what makes the device-only
+//!   operations safe functions.
+//! * The **caller** (the typed layer) guarantees what the backend cannot check: that host
+//!   pointers given to the `unsafe` copy functions stay valid until the task completes.
+//!
+//! # Stream positions
+//!
+//! Every stream numbers the tasks enqueued on it `1, 2, 3, …` in enqueue order.
+//! [`StreamHal::enqueued`] is the number of tasks enqueued so far and
+//! [`StreamHal::completed`] the number that have finished (executed, or skipped after an
+//! error). Both are monotonic, and `completed() <= enqueued()`. "Has the stream executed
+//! everything enqueued before position `p`" is `completed() >= p`: one atomic load.
+
+use std::any::Any;
+use std::fmt;
+
+/// An address in a device's address space.
+///
+/// Opaque to safe code: it can be compared, offset and printed, never dereferenced on the
+/// host. Address 0 is never a valid device address.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DevicePtr(u64);
+
+impl DevicePtr {
+    /// Wraps a raw device address; `None` for the null address.
+    pub const fn new(addr: u64) -> Option<Self> {
+        if addr == 0 {
+            None
+        } else {
+            Some(Self(addr))
+        }
+    }
+
+    /// The raw address (for FFI and diagnostics).
+    pub const fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// `self + bytes`, or `None` on overflow.
+    pub const fn checked_add(self, bytes: u64) -> Option<Self> {
+        match self.0.checked_add(bytes) {
+            Some(a) => Some(Self(a)),
+            None => None,
+        }
+    }
+
+    /// Bytes from `base` to `self`, or `None` if `self < base`.
+    pub const fn offset_from(self, base: DevicePtr) -> Option<u64> {
+        self.0.checked_sub(base.0)
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A physical memory allocation of a device (`aclrtDrvMemHandle`), not yet or no longer
+/// mapped. Its size is a multiple of the device's granularity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PhysicalHandle(pub u64);
+
+/// Static facts about a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device ordinal (`aclrtSetDevice` id).
+    pub ordinal: u32,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Physical allocation granularity in bytes (a power of two; 2 MiB on Ascend).
+    pub granularity: u64,
+    /// Product model name, e.g. `"Atlas A2"`.
+    pub product: String,
+    /// Whether the device supports CANN's own stream-ordered pool API (`aclrtMemPool*`).
+    pub supports_native_pool: bool,
+    /// Whether the virtual memory management calls (reserve / map) are available; when not,
+    /// pools fall back to [`DeviceHal::malloc`] segments.
+    pub supports_vmm: bool,
+}
+
+/// Free and total device memory, as `aclrtGetMemInfo` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes not held by any physical allocation or `malloc`.
+    pub free: u64,
+    /// Device capacity in bytes.
+    pub total: u64,
+}
+
+/// How a kernel accesses one of its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessMode {
+    /// Read only.
+    Read,
+    /// Written (and possibly read).
+    Write,
+}
+
+/// One byte range a task touches: the seam for the stream-order sanitizer and for the
+/// backend's bounds checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferAccess {
+    /// First byte.
+    pub ptr: DevicePtr,
+    /// Length in bytes.
+    pub len: u64,
+    /// Read or write.
+    pub mode: AccessMode,
+}
+
+/// One end of a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemRef {
+    /// Device memory.
+    Device(DevicePtr),
+    /// Host memory (a raw host address; see the `# Safety` of the copy functions).
+    Host(*mut u8),
+}
+
+// SAFETY: `MemRef::Host` is an address, never dereferenced by the holder; the unsafe copy
+// functions that take it put the obligation (validity until completion) on their caller.
+unsafe impl Send for MemRef {}
+// SAFETY: as above; a `&MemRef` gives no access to the pointee.
+unsafe impl Sync for MemRef {}
+
+/// The error a kernel body returns to fail its stream.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+impl KernelError {
+    /// A kernel error with a message.
+    pub fn new(msg: impl Into<String>) -> Self {
+        Self(msg.into())
+    }
+}
+
+/// The device buffers a kernel body sees, in the order of [`KernelLaunch::buffers`].
+///
+/// Each buffer can be borrowed once: [`read`](Self::read) as `&[T]` (any mode) or
+/// [`write`](Self::write) as `&mut [T]` (only buffers declared [`AccessMode::Write`]).
+/// The backend rejects launches whose write buffers overlap any other buffer, so the
+/// slices handed out never alias.
+pub trait KernelBuffers {
+    /// Number of buffers.
+    fn len(&self) -> usize;
+    /// Whether there are no buffers.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Buffer `index` as bytes, read-only.
+    ///
+    /// # Errors
+    /// Index out of range, or the buffer is already borrowed mutably.
+    fn bytes(&self, index: usize) -> Result<&[u8], KernelError>;
+    /// Buffer `index` as bytes, writable. At most once per buffer and launch.
+    ///
+    /// # Errors
+    /// Index out of range, buffer not declared for writing, or already borrowed.
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(&self, index: usize) -> Result<&mut [u8], KernelError>;
+}
+
+impl dyn KernelBuffers + '_ {
+    /// Buffer `index` as `&[T]`.
+    ///
+    /// # Errors
+    /// As [`KernelBuffers::bytes`], or the bytes are not a whole, aligned `[T]`.
+    pub fn read<T: bytemuck::Pod>(&self, index: usize) -> Result<&[T], KernelError> {
+        bytemuck::try_cast_slice(self.bytes(index)?)
+            .map_err(|e| KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>())))
+    }
+
+    /// Buffer `index` as `&mut [T]`.
+    ///
+    /// # Errors
+    /// As [`KernelBuffers::bytes_mut`], or the bytes are not a whole, aligned `[T]`.
+    #[allow(clippy::mut_from_ref)]
+    pub fn write<T: bytemuck::Pod>(&self, index: usize) -> Result<&mut [T], KernelError> {
+        bytemuck::try_cast_slice_mut(self.bytes_mut(index)?)
+            .map_err(|e| KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>())))
+    }
+}
+
+/// The body of a kernel written as a Rust closure (software NPU).
+pub type KernelBody = Box<dyn FnOnce(&dyn KernelBuffers) -> Result<(), KernelError> + Send>;
+
+/// A kernel launch: a name for reports, the buffers it touches, and its body.
+pub struct KernelLaunch {
+    /// Name used in error and sanitizer reports.
+    pub name: &'static str,
+    /// Every device range the kernel reads or writes.
+    pub buffers: Vec<BufferAccess>,
+    /// The work.
+    pub body: KernelBody,
+}
+
+impl fmt::Debug for KernelLaunch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelLaunch").field("name", &self.name).field("buffers", &self.buffers).finish()
+    }
+}
+
+/// A host function enqueued on a stream.
+pub type HostFn = Box<dyn FnOnce() + Send>;
+
+/// Errors a backend reports. Backends map their native codes onto these with small named
+/// functions; the native code is kept where there is one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// Not enough device memory for a physical allocation or `malloc`.
+    #[error("device out of memory: requested {requested} bytes, {free} bytes free")]
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the device had free.
+        free: u64,
+    },
+    /// An address or range outside the memory the device has mapped or allocated.
+    #[error("invalid device address {addr:#x} (+{len} bytes): {reason}")]
+    InvalidAddress {
+        /// First byte.
+        addr: u64,
+        /// Length of the access.
+        len: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An argument the backend rejects (size, alignment, flags…).
+    #[error("invalid value: {0}")]
+    InvalidValue(String),
+    /// A stream, event or handle that does not exist (any more).
+    #[error("invalid handle: {0}")]
+    InvalidHandle(String),
+    /// The backend or the device model does not support the operation.
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// A task failed on a stream; the stream stays failed and skips later tasks.
+    #[error("task {task} ({name}) failed on stream {stream}: {message}")]
+    TaskFailed {
+        /// Backend id of the stream.
+        stream: u64,
+        /// Position of the failed task on its stream.
+        task: u64,
+        /// Task kind or kernel name.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A failure injected by the software NPU's fault injection.
+    #[error("injected fault: {0}")]
+    Injected(String),
+    /// A native error code the mapping functions do not cover.
+    #[error("driver error {code}: {message}")]
+    Native {
+        /// The backend's own code (e.g. an `aclError`).
+        code: i32,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// Result of HAL calls.
+pub type DriverResult<T> = Result<T, DriverError>;
+
+/// A device: memory, streams and events.
+///
+/// Implementations are shared between threads (`Send + Sync`); every method may be called
+/// from any thread.
+pub trait DeviceHal: Send + Sync + 'static {
+    /// Static facts about the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Free and total memory (`aclrtGetMemInfo`).
+    fn mem_info(&self) -> DriverResult<MemInfo>;
+
+    /// Reserves `size` bytes of virtual address space (a multiple of the granularity),
+    /// inaccessible until mapped (`aclrtReserveMemAddress`).
+    fn reserve(&self, size: u64) -> DriverResult<DevicePtr>;
+
+    /// Releases a reservation made by [`reserve`](Self::reserve) (`aclrtReleaseMemAddress`).
+    /// Fails if any part of it is still mapped.
+    fn release(&self, base: DevicePtr) -> DriverResult<()>;
+
+    /// Allocates physical memory (`aclrtMallocPhysical`); `size` is a multiple of the
+    /// granularity. Fails with [`DriverError::OutOfMemory`] beyond the device's capacity.
+    fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle>;
+
+    /// Frees physical memory that is not mapped (`aclrtFreePhysical`).
+    fn free_physical(&self, handle: PhysicalHandle) -> DriverResult<()>;
+
+    /// Maps the whole of `handle` at `va`, which lies inside a reservation and is not mapped
+    /// (`aclrtMapMem`). The memory becomes accessible to tasks.
+    fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()>;
+
+    /// Unmaps the mapping that starts at `va` (`aclrtUnmapMem`) and returns the handle that was
+    /// mapped there. Fails, leaving the mapping in place, if a task in flight uses the range.
+    fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle>;
+
+    /// Allocates `size` bytes of device memory outside any pool (`aclrtMalloc`).
+    fn malloc(&self, size: u64) -> DriverResult<DevicePtr>;
+
+    /// Frees memory from [`malloc`](Self::malloc) (`aclrtFree`). Work still in flight on the
+    /// range makes this an error, not a crash.
+    fn free(&self, ptr: DevicePtr) -> DriverResult<()>;
+
+    /// Creates a stream.
+    fn create_stream(&self) -> DriverResult<Box<dyn StreamHal>>;
+
+    /// Creates an event.
+    fn create_event(&self) -> DriverResult<Box<dyn EventHal>>;
+
+    /// Blocks until every stream of the device has completed everything enqueued so far
+    /// (`aclrtSynchronizeDevice`); reports the first stream error found.
+    fn synchronize(&self) -> DriverResult<()>;
+
+    /// Synchronous copy of `len` bytes (`aclrtMemcpy`). Device ends are validated.
+    ///
+    /// # Safety
+    /// Host ends must be valid for `len` bytes (reads for `src`, writes for `dst`) for the
+    /// duration of the call.
+    unsafe fn copy_sync(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()>;
+
+    /// Synchronous memset of device memory (`aclrtMemset`).
+    fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
+
+    /// The object as [`Any`], for backends that need to recognise their own types.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A stream: tasks execute strictly in enqueue order.
+///
+/// Dropping the stream waits for everything enqueued on it to execute (or be skipped after an
+/// error) and stops its worker; nothing is left running.
+pub trait StreamHal: Send + Sync + 'static {
+    /// A backend-unique id of this stream (for reports).
+    fn id(&self) -> u64;
+
+    /// Number of tasks enqueued so far (the position of the last one).
+    fn enqueued(&self) -> u64;
+
+    /// Number of tasks finished (executed or skipped); `completed() >= p` means every task at
+    /// position `<= p` is done.
+    fn completed(&self) -> u64;
+
+    /// Blocks until every task enqueued before the call is done. Reports the stream's sticky
+    /// error, if any, but only after the queue up to that point has drained: when it returns,
+    /// no task enqueued before the call is running or will run.
+    fn synchronize(&self) -> DriverResult<()>;
+
+    /// Whether everything enqueued so far is done (never blocks); reports the sticky error.
+    fn query(&self) -> DriverResult<bool>;
+
+    /// Enqueues a host function.
+    fn host_fn(&self, f: HostFn) -> DriverResult<()>;
+
+    /// Enqueues a kernel.
+    fn launch(&self, kernel: KernelLaunch) -> DriverResult<()>;
+
+    /// Enqueues a device-to-device copy.
+    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()>;
+
+    /// Enqueues a copy whose ends may be host memory (`aclrtMemcpyAsync`).
+    ///
+    /// # Safety
+    /// Host ends must stay valid (readable for `src`, writable and not otherwise accessed for
+    /// `dst`) until the task completes, i.e. until `completed()` reaches its position.
+    unsafe fn copy_async(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()>;
+
+    /// Enqueues a memset of device memory.
+    fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
+
+    /// Enqueues a record of `event`; returns the position of the record task. Re-recording
+    /// replaces the event's previous record.
+    fn record(&self, event: &dyn EventHal) -> DriverResult<u64>;
+
+    /// Makes later tasks of this stream wait until `event`'s latest record (at the time of
+    /// this call) has completed. Waiting on a never-recorded event is a no-op.
+    fn wait(&self, event: &dyn EventHal) -> DriverResult<()>;
+
+    /// The object as [`Any`].
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An event: a marker recorded on a stream.
+pub trait EventHal: Send + Sync + 'static {
+    /// Whether the latest record has completed (true if never recorded).
+    fn query(&self) -> DriverResult<bool>;
+
+    /// Blocks until the latest record has completed.
+    fn synchronize(&self) -> DriverResult<()>;
+
+    /// Milliseconds between the completion of `self`'s record and `end`'s record.
+    ///
+    /// # Errors
+    /// Either event not recorded or not complete.
+    fn elapsed_ms(&self, end: &dyn EventHal) -> DriverResult<f32>;
+
+    /// The object as [`Any`].
+    fn as_any(&self) -> &dyn Any;
+}
