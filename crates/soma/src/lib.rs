@@ -1,1 +1,4 @@
-//! placeholder
+//! soma: stream-ordered device memory pools for Ascend NPUs, in safe Rust.
+
+#[cfg(feature = "ascend")]
+pub mod ascend;
