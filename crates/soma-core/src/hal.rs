@@ -20,6 +20,11 @@
 //! [`StreamHal::completed`] the number that have finished (executed, or skipped after an
 //! error). Both are monotonic, and `completed() <= enqueued()`. "Has the stream executed
 //! everything enqueued before position `p`" is `completed() >= p`: one atomic load.
+//!
+//! # Failed calls
+//!
+//! A call that returns an error has changed nothing: no task was enqueued, no memory was
+//! allocated, mapped or accounted.
 
 use std::any::Any;
 use std::fmt;
