@@ -1,1 +1,335 @@
-//! placeholder
+//! soma-sim: a software Ascend NPU.
+//!
+//! The device every soma test, demo and benchmark runs on. It implements the driver HAL of
+//! `soma-core` ([`DeviceHal`](hal::DeviceHal), [`StreamHal`](hal::StreamHal),
+//! [`EventHal`](hal::EventHal)) with:
+//!
+//! | NPU concept | software NPU |
+//! |---|---|
+//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory, unmapped ones are given back to the OS |
+//! | capacity | accounted per device (default 64 GiB); beyond it, [`DriverError::OutOfMemory`](hal::DriverError::OutOfMemory) |
+//! | stream | a worker thread executing tasks strictly in enqueue order |
+//! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |
+//! | event | a position on a stream, stamped with an [`Instant`](std::time::Instant) when it completes |
+//! | driver cost | a [`LatencyModel`], off by default |
+//! | hardware faults | [`Faults`]: fail the k-th driver call or a chosen task |
+//! | product model | [`Product`]: whether CANN's native pool API is supported |
+//!
+//! # Safety model
+//!
+//! Kernels get real `&[u8]` / `&mut [u8]` over device memory on worker threads. Every device
+//! range a task or synchronous copy touches is checked to lie inside mapped memory (otherwise
+//! [`InvalidAddress`](hal::DriverError::InvalidAddress), never a segfault) and registered in a
+//! device-wide in-flight table: a task whose ranges conflict with another stream's task in
+//! flight (one of them writes overlapping bytes) fails with a "concurrent conflicting access
+//! (data race)" error instead of running, and unmapping or freeing memory in flight fails.
+//! All `unsafe` code dealing with memory is in one private module (`memory`).
+//!
+//! # Errors inside tasks
+//!
+//! A failing task never crashes the process. Its stream keeps a sticky
+//! [`TaskFailed`](hal::DriverError::TaskFailed) error, reported by every later
+//! `synchronize` / `query`, and skips later tasks; see [`SimStream`] (the stream stays failed,
+//! as on CANN, until [`SimStream::clear_error`]).
+//!
+//! # Example
+//!
+//! ```
+//! use soma_sim::hal::{AccessMode, BufferAccess, DeviceHal, KernelLaunch, MemRef, StreamHal};
+//! use soma_sim::Npu;
+//!
+//! let npu = Npu::builder().capacity(1 << 30).build()?;
+//! let dev = npu.device(0)?;
+//! let stream = dev.create_stream()?;
+//! let n = 1024;
+//! let buf = dev.malloc(n * 4)?;
+//!
+//! // A kernel that writes `i * 2` into every element.
+//! stream.launch(KernelLaunch {
+//!     name: "iota2",
+//!     buffers: vec![BufferAccess { ptr: buf, len: n * 4, mode: AccessMode::Write }],
+//!     body: Box::new(|bufs| {
+//!         for (i, x) in bufs.write::<u32>(0)?.iter_mut().enumerate() {
+//!             *x = i as u32 * 2;
+//!         }
+//!         Ok(())
+//!     }),
+//! })?;
+//!
+//! // Copy back to the host and wait.
+//! let mut host = vec![0u32; n as usize];
+//! // SAFETY: `host` outlives the copy: we synchronize before reading or dropping it.
+//! unsafe {
+//!     stream.copy_async(MemRef::Host(host.as_mut_ptr().cast()), MemRef::Device(buf), n * 4)?;
+//! }
+//! stream.synchronize()?;
+//! assert_eq!(host[10], 20);
+//!
+//! drop(stream);
+//! dev.free(buf)?;
+//! # Ok::<(), soma_sim::hal::DriverError>(())
+//! ```
+
+mod device;
+mod event;
+mod faults;
+mod memory;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use device::{CallCounts, SimDevice, SimStats};
+pub use event::SimEvent;
+pub use faults::{FaultKind, Faults};
+/// The driver HAL this crate implements (re-exported from `soma-core`).
+pub use soma_core::hal;
+pub use stream::SimStream;
+
+use hal::{DeviceInfo, DriverError, DriverResult};
+
+/// One GiB.
+const GIB: u64 = 1 << 30;
+
+/// The product model of a simulated device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Product {
+    /// Atlas A2 training / inference card: supports CANN's native pool API.
+    #[default]
+    AtlasA2,
+    /// Atlas 300I Duo inference card: no native pool API (the soma engine still works).
+    Atlas300IDuo,
+}
+
+impl Product {
+    /// The product name as the device reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Product::AtlasA2 => "Atlas A2",
+            Product::Atlas300IDuo => "Atlas 300I Duo",
+        }
+    }
+
+    /// Whether the product supports the `aclrtMemPool*` C API.
+    pub fn supports_native_pool(self) -> bool {
+        matches!(self, Product::AtlasA2)
+    }
+}
+
+/// Simulated driver and task costs. All zero (off) by default.
+///
+/// Driver-call delays sleep in the calling thread (before any lock is taken); task delays
+/// sleep on the stream's worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct LatencyModel {
+    /// Per `alloc_physical` and per `malloc` call.
+    pub driver_alloc: Duration,
+    /// Per `map` and per `unmap` call.
+    pub map: Duration,
+    /// Per kernel, copy, memset or host function task.
+    pub launch: Duration,
+    /// Copy bandwidth in bytes per second; `0` means copies take no modelled time.
+    pub copy_bandwidth: u64,
+}
+
+impl LatencyModel {
+    /// No modelled latency (the default).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Numbers in the range the seeds measured on Ascend: 1 ms per driver allocation
+    /// (0.5–2 ms per `aclrtMalloc`), 0.1 ms per map / unmap, 5 µs per task launch, 25 GB/s
+    /// copies.
+    pub fn ascend_like() -> Self {
+        Self {
+            driver_alloc: Duration::from_millis(1),
+            map: Duration::from_micros(100),
+            launch: Duration::from_micros(5),
+            copy_bandwidth: 25_000_000_000,
+        }
+    }
+
+    /// Sets [`driver_alloc`](Self::driver_alloc).
+    pub fn with_driver_alloc(mut self, d: Duration) -> Self {
+        self.driver_alloc = d;
+        self
+    }
+
+    /// Sets [`map`](Self::map).
+    pub fn with_map(mut self, d: Duration) -> Self {
+        self.map = d;
+        self
+    }
+
+    /// Sets [`launch`](Self::launch).
+    pub fn with_launch(mut self, d: Duration) -> Self {
+        self.launch = d;
+        self
+    }
+
+    /// Sets [`copy_bandwidth`](Self::copy_bandwidth) in bytes per second.
+    pub fn with_copy_bandwidth(mut self, bytes_per_s: u64) -> Self {
+        self.copy_bandwidth = bytes_per_s;
+        self
+    }
+
+    /// Modelled time of a copy of `len` bytes.
+    pub fn copy_time(&self, len: u64) -> Duration {
+        if self.copy_bandwidth == 0 || len == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(len as f64 / self.copy_bandwidth as f64)
+        }
+    }
+}
+
+/// Configuration of an [`Npu`]; see [`Npu::builder`].
+#[derive(Clone, Debug)]
+pub struct NpuBuilder {
+    devices: u32,
+    capacity: u64,
+    granularity: u64,
+    product: Product,
+    latency: LatencyModel,
+    address_space: Option<u64>,
+}
+
+impl Default for NpuBuilder {
+    fn default() -> Self {
+        Self {
+            devices: 1,
+            capacity: 64 * GIB,
+            granularity: 2 << 20,
+            product: Product::AtlasA2,
+            latency: LatencyModel::none(),
+            address_space: None,
+        }
+    }
+}
+
+impl NpuBuilder {
+    /// Number of devices (default 1).
+    pub fn devices(mut self, n: u32) -> Self {
+        self.devices = n;
+        self
+    }
+
+    /// Memory capacity of each device in bytes (default 64 GiB; rounded down to the
+    /// granularity).
+    pub fn capacity(mut self, bytes: u64) -> Self {
+        self.capacity = bytes;
+        self
+    }
+
+    /// Physical allocation granularity (default 2 MiB; a power of two, at least the host page
+    /// size).
+    pub fn granularity(mut self, bytes: u64) -> Self {
+        self.granularity = bytes;
+        self
+    }
+
+    /// Product model of every device (default [`Product::AtlasA2`]).
+    pub fn product(mut self, p: Product) -> Self {
+        self.product = p;
+        self
+    }
+
+    /// Latency model of every device (default none).
+    pub fn latency(mut self, m: LatencyModel) -> Self {
+        self.latency = m;
+        self
+    }
+
+    /// Virtual address space per device (default 9 × capacity: room for eight pools as large
+    /// as the device plus `malloc`). Only address space: no memory is committed.
+    pub fn address_space(mut self, bytes: u64) -> Self {
+        self.address_space = Some(bytes);
+        self
+    }
+
+    /// Creates the devices.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidValue`] for zero devices, a granularity that is not a power of two
+    /// of at least the page size, a capacity below one granule or an address space below the
+    /// capacity; [`DriverError::Native`] if the OS refuses the address space.
+    pub fn build(self) -> DriverResult<Npu> {
+        let page = memory::page_size();
+        let g = self.granularity;
+        if self.devices == 0 {
+            return Err(DriverError::InvalidValue("an Npu needs at least one device".into()));
+        }
+        if !g.is_power_of_two() || g < page {
+            return Err(DriverError::InvalidValue(format!(
+                "granularity {g} is not a power of two >= the page size {page}"
+            )));
+        }
+        let capacity = self.capacity / g * g;
+        if capacity == 0 {
+            return Err(DriverError::InvalidValue(format!(
+                "capacity {} is below one granule",
+                self.capacity
+            )));
+        }
+        let space = match self.address_space {
+            Some(s) => s / g * g,
+            None => capacity
+                .checked_mul(9)
+                .ok_or_else(|| DriverError::InvalidValue("capacity too large".into()))?,
+        };
+        if space < capacity {
+            return Err(DriverError::InvalidValue(format!(
+                "address space {space} is below the capacity {capacity}"
+            )));
+        }
+        let devices = (0..self.devices)
+            .map(|ordinal| {
+                let info = DeviceInfo {
+                    ordinal,
+                    total_memory: capacity,
+                    granularity: g,
+                    product: self.product.name().into(),
+                    supports_native_pool: self.product.supports_native_pool(),
+                    supports_vmm: true,
+                };
+                SimDevice::new(info, space, self.latency).map(Arc::new)
+            })
+            .collect::<DriverResult<Vec<_>>>()?;
+        Ok(Npu { devices })
+    }
+}
+
+/// A software NPU: a set of devices.
+#[derive(Debug)]
+pub struct Npu {
+    devices: Vec<Arc<SimDevice>>,
+}
+
+impl Npu {
+    /// A builder with the defaults (1 device, 64 GiB, 2 MiB granularity, Atlas A2, no
+    /// latency).
+    pub fn builder() -> NpuBuilder {
+        NpuBuilder::default()
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> u32 {
+        self.devices.len() as u32
+    }
+
+    /// Device `ordinal`.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for an ordinal out of range.
+    pub fn device(&self, ordinal: u32) -> DriverResult<Arc<SimDevice>> {
+        self.devices.get(ordinal as usize).cloned().ok_or_else(|| {
+            DriverError::InvalidHandle(format!(
+                "device {ordinal} (the Npu has {} devices)",
+                self.devices.len()
+            ))
+        })
+    }
+}

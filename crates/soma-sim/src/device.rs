@@ -1,0 +1,548 @@
+//! [`SimDevice`]: device memory bookkeeping (address space, physical allocations, mappings,
+//! `malloc`) over the raw memory of [`crate::memory`].
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use soma_core::hal::{
+    AccessMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
+    MemRef, PhysicalHandle, StreamHal,
+};
+
+use crate::event::SimEvent;
+use crate::faults::{FaultKind, Faults};
+use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
+use crate::stream::{SimStream, StreamShared};
+use crate::LatencyModel;
+
+/// Driver calls counted by [`SimStats::calls`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallCounts {
+    /// [`DeviceHal::reserve`] calls.
+    pub reserve: u64,
+    /// [`DeviceHal::release`] calls.
+    pub release: u64,
+    /// [`DeviceHal::alloc_physical`] calls.
+    pub alloc_physical: u64,
+    /// [`DeviceHal::free_physical`] calls.
+    pub free_physical: u64,
+    /// [`DeviceHal::map`] calls.
+    pub map: u64,
+    /// [`DeviceHal::unmap`] calls.
+    pub unmap: u64,
+    /// [`DeviceHal::malloc`] calls.
+    pub malloc: u64,
+    /// [`DeviceHal::free`] calls.
+    pub free: u64,
+    /// [`DeviceHal::copy_sync`] and [`DeviceHal::memset_sync`] calls.
+    pub sync_copy: u64,
+    /// [`DeviceHal::synchronize`] calls.
+    pub synchronize: u64,
+}
+
+/// A snapshot of a device's counters ([`SimDevice::stats`]).
+///
+/// Call counts include calls that failed (by injection or bad arguments).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimStats {
+    /// Bytes held by physical allocations ([`DeviceHal::alloc_physical`]).
+    pub physical_bytes: u64,
+    /// Bytes of physical allocations currently mapped.
+    pub mapped_bytes: u64,
+    /// Bytes held by [`DeviceHal::malloc`] (granule-rounded).
+    pub malloc_bytes: u64,
+    /// Streams of the device not yet dropped.
+    pub live_streams: usize,
+    /// Driver calls by kind.
+    pub calls: CallCounts,
+}
+
+#[derive(Default)]
+struct Calls {
+    reserve: AtomicU64,
+    release: AtomicU64,
+    alloc_physical: AtomicU64,
+    free_physical: AtomicU64,
+    map: AtomicU64,
+    unmap: AtomicU64,
+    malloc: AtomicU64,
+    free: AtomicU64,
+    sync_copy: AtomicU64,
+    synchronize: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ResKind {
+    /// Made by `reserve`.
+    User,
+    /// Backing a `malloc`.
+    Malloc,
+}
+
+struct Phys {
+    size: u64,
+    mapped_at: Option<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Free address space: start → length, address ordered, coalesced.
+    holes: BTreeMap<u64, u64>,
+    /// Reservations: start → (length, kind).
+    reservations: BTreeMap<u64, (u64, ResKind)>,
+    /// User mappings: start → (length, handle).
+    mappings: BTreeMap<u64, (u64, u64)>,
+    physical: HashMap<u64, Phys>,
+    next_handle: u64,
+    /// `malloc` allocations: start → length.
+    mallocs: HashMap<u64, u64>,
+    physical_bytes: u64,
+    mapped_bytes: u64,
+    malloc_bytes: u64,
+}
+
+impl State {
+    /// Address-ordered first fit.
+    fn take_va(&mut self, size: u64) -> Option<u64> {
+        let (&start, &len) = self.holes.iter().find(|(_, &len)| len >= size)?;
+        self.holes.remove(&start);
+        if len > size {
+            self.holes.insert(start + size, len - size);
+        }
+        Some(start)
+    }
+
+    fn give_va(&mut self, mut start: u64, mut len: u64) {
+        if let Some((&ps, &pl)) = self.holes.range(..start).next_back() {
+            if ps + pl == start {
+                self.holes.remove(&ps);
+                start = ps;
+                len += pl;
+            }
+        }
+        if let Some(&nl) = self.holes.get(&(start + len)) {
+            self.holes.remove(&(start + len));
+            len += nl;
+        }
+        self.holes.insert(start, len);
+    }
+
+    fn used(&self) -> u64 {
+        self.physical_bytes + self.malloc_bytes
+    }
+}
+
+/// The shared core of a device: what streams keep alive.
+pub(crate) struct DeviceCore {
+    pub(crate) info: DeviceInfo,
+    pub(crate) memory: DeviceMemory,
+    state: Mutex<State>,
+    pub(crate) faults: Faults,
+    latency: Mutex<LatencyModel>,
+    calls: Calls,
+    streams: Mutex<Vec<Weak<StreamShared>>>,
+    pub(crate) live_streams: AtomicUsize,
+}
+
+impl DeviceCore {
+    pub(crate) fn latency(&self) -> LatencyModel {
+        *self.latency.lock()
+    }
+}
+
+/// One software NPU device. Implements [`DeviceHal`].
+///
+/// Get one from [`Npu::device`](crate::Npu::device). Device addresses are real host
+/// addresses inside one `mmap`ed region per device; mapped memory is real memory (resident
+/// once touched), and unmapping gives it back to the OS.
+///
+/// # Semantics worth knowing
+///
+/// * A physical allocation's contents do not survive [`unmap`](DeviceHal::unmap): the pages
+///   are returned to the OS and read as zero when mapped again.
+/// * A handle can be mapped at one place at a time; a mapping covers the whole handle.
+/// * Device ranges touched by tasks and synchronous copies must lie inside mapped memory (they
+///   may span adjacent mappings); otherwise [`DriverError::InvalidAddress`].
+/// * [`unmap`](DeviceHal::unmap) and [`free`](DeviceHal::free) of a range that a task in
+///   flight accesses fail with [`DriverError::InvalidValue`] and change nothing.
+/// * A synchronous copy that conflicts with a task in flight (one of them writes overlapping
+///   bytes) fails with [`DriverError::InvalidValue`] naming the data race.
+pub struct SimDevice {
+    pub(crate) core: Arc<DeviceCore>,
+}
+
+impl std::fmt::Debug for SimDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDevice").field("info", &self.core.info).finish_non_exhaustive()
+    }
+}
+
+fn sleep(d: Duration) {
+    if !d.is_zero() {
+        std::thread::sleep(d);
+    }
+}
+
+impl SimDevice {
+    pub(crate) fn new(
+        info: DeviceInfo,
+        address_space: u64,
+        latency: LatencyModel,
+    ) -> DriverResult<Self> {
+        let memory = DeviceMemory::new(address_space, info.granularity)?;
+        let mut state = State { next_handle: 1, ..State::default() };
+        state.holes.insert(memory.start(), memory.len());
+        Ok(Self {
+            core: Arc::new(DeviceCore {
+                info,
+                memory,
+                state: Mutex::new(state),
+                faults: Faults::default(),
+                latency: Mutex::new(latency),
+                calls: Calls::default(),
+                streams: Mutex::new(Vec::new()),
+                live_streams: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The fault injection controls of this device.
+    pub fn faults(&self) -> &Faults {
+        &self.core.faults
+    }
+
+    /// The latency model in effect.
+    pub fn latency(&self) -> LatencyModel {
+        self.core.latency()
+    }
+
+    /// Replaces the latency model (takes effect for calls and tasks that start afterwards).
+    pub fn set_latency(&self, model: LatencyModel) {
+        *self.core.latency.lock() = model;
+    }
+
+    /// A snapshot of the device's counters.
+    pub fn stats(&self) -> SimStats {
+        let st = self.core.state.lock();
+        let c = &self.core.calls;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SimStats {
+            physical_bytes: st.physical_bytes,
+            mapped_bytes: st.mapped_bytes,
+            malloc_bytes: st.malloc_bytes,
+            live_streams: self.core.live_streams.load(Ordering::Relaxed),
+            calls: CallCounts {
+                reserve: l(&c.reserve),
+                release: l(&c.release),
+                alloc_physical: l(&c.alloc_physical),
+                free_physical: l(&c.free_physical),
+                map: l(&c.map),
+                unmap: l(&c.unmap),
+                malloc: l(&c.malloc),
+                free: l(&c.free),
+                sync_copy: l(&c.sync_copy),
+                synchronize: l(&c.synchronize),
+            },
+        }
+    }
+
+    /// Creates a stream with its concrete type (what [`DeviceHal::create_stream`] boxes).
+    ///
+    /// # Errors
+    /// The OS refused to start the worker thread.
+    pub fn create_sim_stream(&self) -> DriverResult<SimStream> {
+        let s = SimStream::new(Arc::clone(&self.core))?;
+        let mut streams = self.core.streams.lock();
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(s.shared()));
+        Ok(s)
+    }
+
+    fn granule_round(&self, size: u64) -> DriverResult<u64> {
+        let g = self.core.info.granularity;
+        if size == 0 {
+            return Err(DriverError::InvalidValue("size 0".into()));
+        }
+        size.checked_next_multiple_of(g)
+            .ok_or_else(|| DriverError::InvalidValue(format!("size {size} overflows")))
+    }
+
+    fn check_granular(&self, size: u64) -> DriverResult<()> {
+        let g = self.core.info.granularity;
+        if size == 0 || size % g != 0 {
+            return Err(DriverError::InvalidValue(format!(
+                "size {size} is not a non-zero multiple of the granularity {g}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn oom(&self, st: &State, requested: u64) -> DriverError {
+        DriverError::OutOfMemory {
+            requested,
+            free: self.core.info.total_memory.saturating_sub(st.used()),
+        }
+    }
+}
+
+fn bad_addr(addr: u64, len: u64, reason: &str) -> DriverError {
+    DriverError::InvalidAddress { addr, len, reason: reason.into() }
+}
+
+impl DeviceHal for SimDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.core.info
+    }
+
+    fn mem_info(&self) -> DriverResult<MemInfo> {
+        let st = self.core.state.lock();
+        let total = self.core.info.total_memory;
+        Ok(MemInfo { free: total.saturating_sub(st.used()), total })
+    }
+
+    fn reserve(&self, size: u64) -> DriverResult<DevicePtr> {
+        bump(&self.core.calls.reserve);
+        self.check_granular(size)?;
+        let mut st = self.core.state.lock();
+        let start = st.take_va(size).ok_or_else(|| {
+            DriverError::InvalidValue(format!("no {size} bytes of device address space left"))
+        })?;
+        st.reservations.insert(start, (size, ResKind::User));
+        DevicePtr::new(start).ok_or_else(|| DriverError::InvalidValue("null address".into()))
+    }
+
+    fn release(&self, base: DevicePtr) -> DriverResult<()> {
+        bump(&self.core.calls.release);
+        let a = base.addr();
+        let mut st = self.core.state.lock();
+        let Some(&(len, kind)) = st.reservations.get(&a) else {
+            return Err(bad_addr(a, 0, "not the base of a reservation"));
+        };
+        if kind != ResKind::User {
+            return Err(bad_addr(a, len, "memory from malloc; use free"));
+        }
+        if st.mappings.range(a..a + len).next().is_some() {
+            return Err(DriverError::InvalidValue(format!(
+                "reservation {base} still has mappings; unmap them first"
+            )));
+        }
+        st.reservations.remove(&a);
+        st.give_va(a, len);
+        Ok(())
+    }
+
+    fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle> {
+        bump(&self.core.calls.alloc_physical);
+        sleep(self.core.latency().driver_alloc);
+        self.check_granular(size)?;
+        if self.core.faults.hit(FaultKind::AllocPhysical) {
+            return Err(DriverError::Injected(format!("alloc_physical({size})")));
+        }
+        let mut st = self.core.state.lock();
+        if st.used().checked_add(size).is_none_or(|u| u > self.core.info.total_memory) {
+            return Err(self.oom(&st, size));
+        }
+        let h = st.next_handle;
+        st.next_handle += 1;
+        st.physical.insert(h, Phys { size, mapped_at: None });
+        st.physical_bytes += size;
+        Ok(PhysicalHandle(h))
+    }
+
+    fn free_physical(&self, handle: PhysicalHandle) -> DriverResult<()> {
+        bump(&self.core.calls.free_physical);
+        let mut st = self.core.state.lock();
+        match st.physical.get(&handle.0) {
+            None => Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0))),
+            Some(p) if p.mapped_at.is_some() => Err(DriverError::InvalidValue(format!(
+                "physical handle {} is still mapped",
+                handle.0
+            ))),
+            Some(p) => {
+                let size = p.size;
+                st.physical.remove(&handle.0);
+                st.physical_bytes -= size;
+                Ok(())
+            }
+        }
+    }
+
+    fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()> {
+        bump(&self.core.calls.map);
+        sleep(self.core.latency().map);
+        if self.core.faults.hit(FaultKind::Map) {
+            return Err(DriverError::Injected(format!("map({va}, {})", handle.0)));
+        }
+        let a = va.addr();
+        let mut st = self.core.state.lock();
+        let size = match st.physical.get(&handle.0) {
+            None => {
+                return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)))
+            }
+            Some(p) if p.mapped_at.is_some() => {
+                return Err(DriverError::InvalidValue(format!(
+                    "physical handle {} is already mapped",
+                    handle.0
+                )))
+            }
+            Some(p) => p.size,
+        };
+        if a % self.core.info.granularity != 0 {
+            return Err(bad_addr(a, size, "not aligned to the granularity"));
+        }
+        let end = a.checked_add(size).ok_or_else(|| bad_addr(a, size, "overflow"))?;
+        match st.reservations.range(..=a).next_back() {
+            Some((&rs, &(rl, ResKind::User))) if end <= rs + rl => {}
+            _ => return Err(bad_addr(a, size, "not inside a reservation")),
+        }
+        if st.mappings.range(..end).next_back().is_some_and(|(&ms, &(ml, _))| ms + ml > a) {
+            return Err(bad_addr(a, size, "overlaps an existing mapping"));
+        }
+        self.core.memory.map(a, size)?;
+        st.mappings.insert(a, (size, handle.0));
+        if let Some(p) = st.physical.get_mut(&handle.0) {
+            p.mapped_at = Some(a);
+        }
+        st.mapped_bytes += size;
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle> {
+        bump(&self.core.calls.unmap);
+        sleep(self.core.latency().map);
+        let a = va.addr();
+        let mut st = self.core.state.lock();
+        let Some(&(size, h)) = st.mappings.get(&a) else {
+            return Err(bad_addr(a, 0, "not the start of a mapping"));
+        };
+        self.core.memory.unmap(a, size)?;
+        st.mappings.remove(&a);
+        if let Some(p) = st.physical.get_mut(&h) {
+            p.mapped_at = None;
+        }
+        st.mapped_bytes -= size;
+        Ok(PhysicalHandle(h))
+    }
+
+    fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {
+        bump(&self.core.calls.malloc);
+        sleep(self.core.latency().driver_alloc);
+        let len = self.granule_round(size)?;
+        if self.core.faults.hit(FaultKind::Malloc) {
+            return Err(DriverError::Injected(format!("malloc({size})")));
+        }
+        let mut st = self.core.state.lock();
+        if st.used().checked_add(len).is_none_or(|u| u > self.core.info.total_memory) {
+            return Err(self.oom(&st, len));
+        }
+        let start = st.take_va(len).ok_or_else(|| {
+            DriverError::InvalidValue(format!("no {len} bytes of device address space left"))
+        })?;
+        let mapped = DevicePtr::new(start)
+            .ok_or_else(|| DriverError::InvalidValue("null address".into()))
+            .and_then(|p| self.core.memory.map(start, len).map(|()| p));
+        match mapped {
+            Ok(p) => {
+                st.reservations.insert(start, (len, ResKind::Malloc));
+                st.mallocs.insert(start, len);
+                st.malloc_bytes += len;
+                Ok(p)
+            }
+            Err(e) => {
+                st.give_va(start, len);
+                Err(e)
+            }
+        }
+    }
+
+    fn free(&self, ptr: DevicePtr) -> DriverResult<()> {
+        bump(&self.core.calls.free);
+        let a = ptr.addr();
+        let mut st = self.core.state.lock();
+        let Some(&len) = st.mallocs.get(&a) else {
+            return Err(bad_addr(a, 0, "not a pointer returned by malloc (or already freed)"));
+        };
+        self.core.memory.unmap(a, len)?;
+        st.mallocs.remove(&a);
+        st.reservations.remove(&a);
+        st.give_va(a, len);
+        st.malloc_bytes -= len;
+        Ok(())
+    }
+
+    fn create_stream(&self) -> DriverResult<Box<dyn StreamHal>> {
+        Ok(Box::new(self.create_sim_stream()?))
+    }
+
+    fn create_event(&self) -> DriverResult<Box<dyn EventHal>> {
+        Ok(Box::new(SimEvent::new()))
+    }
+
+    fn synchronize(&self) -> DriverResult<()> {
+        bump(&self.core.calls.synchronize);
+        let streams: Vec<Arc<StreamShared>> = {
+            let mut v = self.core.streams.lock();
+            v.retain(|w| w.strong_count() > 0);
+            v.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut first = None;
+        for s in streams {
+            if let Err(e) = s.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    unsafe fn copy_sync(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
+        bump(&self.core.calls.sync_copy);
+        let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
+        let end = |m: MemRef, mode| match m {
+            MemRef::Device(p) => (End::Device(p.addr()), Some(Range { addr: p.addr(), len, mode })),
+            // SAFETY: the caller of `copy_sync` guarantees host ends are valid for `len`
+            // bytes for the duration of the call, which outlives the span.
+            MemRef::Host(h) => (End::Host(unsafe { HostSpan::new(h, n) }), None),
+        };
+        let (d, dr) = end(dst, AccessMode::Write);
+        let (s, sr) = end(src, AccessMode::Read);
+        let ranges: Vec<Range> = dr.into_iter().chain(sr).collect();
+        let mut acc =
+            self.core.memory.acquire(Owner::Host("copy_sync"), &ranges, false).map_err(host_err)?;
+        acc.copy(&d, &s, len)
+    }
+
+    fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
+        bump(&self.core.calls.sync_copy);
+        let r = Range { addr: dst.addr(), len, mode: AccessMode::Write };
+        let mut acc =
+            self.core.memory.acquire(Owner::Host("memset_sync"), &[r], false).map_err(host_err)?;
+        acc.fill(dst.addr(), value, len)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn host_err(e: AcquireError) -> DriverError {
+    match e {
+        AcquireError::Invalid(e) => e,
+        AcquireError::Conflict(m) => DriverError::InvalidValue(m),
+    }
+}
+
+impl DeviceCore {
+    pub(crate) fn stream_dropped(&self) {
+        self.live_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}

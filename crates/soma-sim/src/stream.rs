@@ -1,0 +1,459 @@
+//! [`SimStream`]: a worker thread that executes tasks in enqueue order.
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use soma_core::hal::{
+    AccessMode, DevicePtr, DriverError, DriverResult, EventHal, HostFn, KernelLaunch, MemRef,
+    StreamHal,
+};
+
+use crate::device::DeviceCore;
+use crate::event::{downcast_event, RecordState};
+use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range};
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The state of a stream shared by its handle, its worker and the events recorded on it.
+pub(crate) struct StreamShared {
+    id: u64,
+    enqueued: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicBool,
+    error: Mutex<Option<DriverError>>,
+    done_lock: Mutex<()>,
+    done_cv: Condvar,
+    waiters: AtomicUsize,
+}
+
+impl StreamShared {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn completed_pos(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    /// Blocks (no spinning) until `completed >= pos`.
+    pub(crate) fn wait_for(&self, pos: u64) {
+        if self.completed.load(Ordering::SeqCst) >= pos {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.done_lock.lock();
+        while self.completed.load(Ordering::SeqCst) < pos {
+            self.done_cv.wait(&mut g);
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Marks `pos` completed and wakes waiters.
+    fn finish(&self, pos: u64) {
+        self.completed.store(pos, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            drop(self.done_lock.lock());
+            self.done_cv.notify_all();
+        }
+    }
+
+    fn sticky(&self) -> Option<DriverError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.error.lock().clone()
+    }
+
+    fn fail(&self, e: DriverError) {
+        let mut g = self.error.lock();
+        if g.is_none() {
+            *g = Some(e);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn synchronize(&self) -> DriverResult<()> {
+        let target = self.enqueued.load(Ordering::SeqCst);
+        self.wait_for(target);
+        self.sticky().map_or(Ok(()), Err)
+    }
+}
+
+enum TaskKind {
+    Host(HostFn),
+    Kernel(KernelLaunch),
+    Copy { dst: End, src: End, len: u64, name: &'static str },
+    Memset { dst: u64, value: u8, len: u64 },
+    Record(Arc<RecordState>),
+    Wait(Arc<RecordState>),
+}
+
+impl TaskKind {
+    fn name(&self) -> String {
+        match self {
+            TaskKind::Host(_) => "host_fn".into(),
+            TaskKind::Kernel(k) => k.name.into(),
+            TaskKind::Copy { name, .. } => (*name).into(),
+            TaskKind::Memset { .. } => "memset".into(),
+            TaskKind::Record(_) => "event_record".into(),
+            TaskKind::Wait(_) => "event_wait".into(),
+        }
+    }
+}
+
+struct Task {
+    pos: u64,
+    kind: TaskKind,
+}
+
+/// A stream of the software NPU. Implements [`StreamHal`].
+///
+/// Tasks run strictly in enqueue order on the stream's own worker thread. Several host threads
+/// may enqueue concurrently.
+///
+/// # Errors inside tasks
+///
+/// A task that fails (a kernel returns an error or panics, a copy touches unmapped memory, a
+/// data race with another stream is detected, an injected fault) makes the stream *failed*:
+/// it stores a sticky [`DriverError::TaskFailed`], and every later task is skipped (counted
+/// completed without running; skipped host functions are dropped unrun, skipped event
+/// records complete marked with the error). As on CANN, **the stream stays failed**:
+/// every later [`synchronize`](StreamHal::synchronize) and [`query`](StreamHal::query) reports
+/// the same error until [`clear_error`](Self::clear_error) is called.
+///
+/// # Data races
+///
+/// Before a kernel, copy or memset runs, it registers its device ranges in the device-wide
+/// in-flight table; if a task of another stream (or a synchronous copy) holds an overlapping
+/// range and one of the two writes, the task fails with a "concurrent conflicting access
+/// (data race)" error naming both streams and task positions, instead of running.
+///
+/// # Drop
+///
+/// Dropping the stream executes everything still queued and joins the worker thread.
+pub struct SimStream {
+    shared: Arc<StreamShared>,
+    core: Arc<DeviceCore>,
+    tx: Mutex<Option<Sender<Task>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for SimStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStream")
+            .field("id", &self.shared.id)
+            .field("enqueued", &self.enqueued())
+            .field("completed", &self.completed())
+            .finish()
+    }
+}
+
+fn device_range(p: DevicePtr, len: u64, mode: AccessMode) -> DriverResult<Range> {
+    if p.addr().checked_add(len).is_none() {
+        return Err(DriverError::InvalidAddress {
+            addr: p.addr(),
+            len,
+            reason: "range overflows".into(),
+        });
+    }
+    Ok(Range { addr: p.addr(), len, mode })
+}
+
+impl SimStream {
+    pub(crate) fn new(core: Arc<DeviceCore>) -> DriverResult<Self> {
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::new(StreamShared {
+            id,
+            enqueued: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            done_lock: Mutex::new(()),
+            done_cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (c, s) = (Arc::clone(&core), Arc::clone(&shared));
+        let worker = std::thread::Builder::new()
+            .name(format!("soma-sim-stream-{id}"))
+            .spawn(move || worker_loop(&c, &s, &rx))
+            .map_err(|e| DriverError::Native {
+                code: -1,
+                message: format!("cannot start stream worker: {e}"),
+            })?;
+        core.live_streams.fetch_add(1, Ordering::Relaxed);
+        Ok(Self { shared, core, tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<StreamShared> {
+        &self.shared
+    }
+
+    /// The sticky error, if the stream has failed.
+    pub fn error(&self) -> Option<DriverError> {
+        self.shared.sticky()
+    }
+
+    /// Clears the sticky error and returns it: tasks enqueued afterwards (and queued tasks not
+    /// yet skipped) run again.
+    pub fn clear_error(&self) -> Option<DriverError> {
+        let mut g = self.shared.error.lock();
+        self.shared.failed.store(false, Ordering::Release);
+        g.take()
+    }
+
+    /// Enqueues the task `make(position)`; the position assignment and the channel send are
+    /// atomic together, so positions follow channel order.
+    fn enqueue(&self, make: impl FnOnce(u64) -> TaskKind) -> DriverResult<u64> {
+        let guard = self.tx.lock();
+        let Some(tx) = guard.as_ref() else {
+            return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
+        };
+        let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
+        let task = Task { pos, kind: make(pos) };
+        // Publish the position before the send so that `completed <= enqueued` always holds.
+        self.shared.enqueued.store(pos, Ordering::SeqCst);
+        if tx.send(task).is_err() {
+            // The worker is gone (cannot happen while we hold the sender): never leave a
+            // position that would not complete.
+            self.shared.finish(pos);
+            return Err(DriverError::InvalidHandle(format!("stream {} has no worker", self.id())));
+        }
+        Ok(pos)
+    }
+
+    fn check_mapped(&self, ranges: &[Range]) -> DriverResult<()> {
+        self.core.memory.check_mapped(ranges)
+    }
+}
+
+impl Drop for SimStream {
+    fn drop(&mut self) {
+        // Closing the channel lets the worker drain the queue and exit.
+        drop(self.tx.lock().take());
+        if let Some(w) = self.worker.lock().take() {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+        self.core.stream_dropped();
+    }
+}
+
+fn sleep(d: Duration) {
+    if !d.is_zero() {
+        std::thread::sleep(d);
+    }
+}
+
+fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
+    for Task { pos, kind } in rx.iter() {
+        let name = kind.name();
+        let result = if let Some(err) = s.sticky() {
+            // Skipped: host fns and kernels are dropped unrun; records complete with the error.
+            if let TaskKind::Record(r) = &kind {
+                r.complete(Some(err));
+            }
+            drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
+            Ok(())
+        } else if core.faults.task_hit(s.id, pos) {
+            let msg = "injected fault".to_string();
+            if let TaskKind::Record(r) = &kind {
+                r.complete(Some(task_failed(s, pos, &name, &msg)));
+            }
+            drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
+            Err(msg)
+        } else {
+            match catch_unwind(AssertUnwindSafe(|| execute(core, s, pos, kind))) {
+                Ok(r) => r,
+                Err(p) => Err(format!("panicked: {}", panic_message(p.as_ref()))),
+            }
+        };
+        if let Err(message) = result {
+            s.fail(task_failed(s, pos, &name, &message));
+        }
+        s.finish(pos);
+    }
+}
+
+fn task_failed(s: &StreamShared, pos: u64, name: &str, message: &str) -> DriverError {
+    DriverError::TaskFailed { stream: s.id, task: pos, name: name.into(), message: message.into() }
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".into()
+    }
+}
+
+fn execute(core: &DeviceCore, s: &StreamShared, pos: u64, kind: TaskKind) -> Result<(), String> {
+    let owner = Owner::Task { stream: s.id, task: pos };
+    let lat = core.latency();
+    match kind {
+        TaskKind::Host(f) => {
+            sleep(lat.launch);
+            f();
+            Ok(())
+        }
+        TaskKind::Kernel(k) => {
+            sleep(lat.launch);
+            let ranges: Vec<Range> = k
+                .buffers
+                .iter()
+                .map(|b| Range { addr: b.ptr.addr(), len: b.len, mode: b.mode })
+                .collect();
+            let acc = core.memory.acquire(owner, &ranges, true).map_err(|e| e.message())?;
+            let body = k.body;
+            body(&acc).map_err(|e| e.0)
+        }
+        TaskKind::Copy { dst, src, len, .. } => {
+            sleep(lat.launch);
+            let mut ranges: smallvec::SmallVec<[Range; 2]> = smallvec::SmallVec::new();
+            if let End::Device(a) = dst {
+                ranges.push(Range { addr: a, len, mode: AccessMode::Write });
+            }
+            if let End::Device(a) = src {
+                ranges.push(Range { addr: a, len, mode: AccessMode::Read });
+            }
+            let mut acc = core.memory.acquire(owner, &ranges, false).map_err(|e| e.message())?;
+            sleep(lat.copy_time(len));
+            acc.copy(&dst, &src, len).map_err(|e| e.to_string())
+        }
+        TaskKind::Memset { dst, value, len } => {
+            sleep(lat.launch);
+            let r = Range { addr: dst, len, mode: AccessMode::Write };
+            let mut acc = core.memory.acquire(owner, &[r], false).map_err(|e| e.message())?;
+            acc.fill(dst, value, len).map_err(|e| e.to_string())
+        }
+        TaskKind::Record(r) => {
+            r.complete(None);
+            Ok(())
+        }
+        TaskKind::Wait(r) => {
+            r.stream.wait_for(r.position);
+            Ok(())
+        }
+    }
+}
+
+impl StreamHal for SimStream {
+    fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn enqueued(&self) -> u64 {
+        self.shared.enqueued.load(Ordering::SeqCst)
+    }
+
+    fn completed(&self) -> u64 {
+        self.shared.completed.load(Ordering::SeqCst)
+    }
+
+    fn synchronize(&self) -> DriverResult<()> {
+        self.shared.synchronize()
+    }
+
+    fn query(&self) -> DriverResult<bool> {
+        if let Some(e) = self.shared.sticky() {
+            return Err(e);
+        }
+        Ok(self.completed() >= self.enqueued())
+    }
+
+    fn host_fn(&self, f: HostFn) -> DriverResult<()> {
+        self.enqueue(|_| TaskKind::Host(f)).map(drop)
+    }
+
+    fn launch(&self, kernel: KernelLaunch) -> DriverResult<()> {
+        let ranges = kernel
+            .buffers
+            .iter()
+            .map(|b| device_range(b.ptr, b.len, b.mode))
+            .collect::<DriverResult<Vec<_>>>()?;
+        check_no_self_overlap(&ranges)?;
+        self.check_mapped(&ranges)?;
+        self.enqueue(|_| TaskKind::Kernel(kernel)).map(drop)
+    }
+
+    fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()> {
+        let d = device_range(dst, len, AccessMode::Write)?;
+        let s = device_range(src, len, AccessMode::Read)?;
+        self.check_mapped(&[d, s])?;
+        self.enqueue(|_| TaskKind::Copy {
+            dst: End::Device(dst.addr()),
+            src: End::Device(src.addr()),
+            len,
+            name: "copy_d2d",
+        })
+        .map(drop)
+    }
+
+    unsafe fn copy_async(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
+        let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
+        let mut ranges: smallvec::SmallVec<[Range; 2]> = smallvec::SmallVec::new();
+        if let MemRef::Device(p) = dst {
+            ranges.push(device_range(p, len, AccessMode::Write)?);
+        }
+        if let MemRef::Device(p) = src {
+            ranges.push(device_range(p, len, AccessMode::Read)?);
+        }
+        self.check_mapped(&ranges)?;
+        let end = |m: MemRef| match m {
+            MemRef::Device(p) => End::Device(p.addr()),
+            // SAFETY: the caller of `copy_async` guarantees host ends stay valid (and are not
+            // otherwise accessed in a conflicting way) until the task completes; the span is
+            // dropped by the worker when the task has run or been skipped.
+            MemRef::Host(h) => End::Host(unsafe { HostSpan::new(h, n) }),
+        };
+        let name = match (dst, src) {
+            (MemRef::Device(_), MemRef::Host(_)) => "copy_h2d",
+            (MemRef::Host(_), MemRef::Device(_)) => "copy_d2h",
+            (MemRef::Device(_), MemRef::Device(_)) => "copy_d2d",
+            (MemRef::Host(_), MemRef::Host(_)) => "copy_h2h",
+        };
+        let (dst, src) = (end(dst), end(src));
+        self.enqueue(|_| TaskKind::Copy { dst, src, len, name }).map(drop)
+    }
+
+    fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
+        let r = device_range(dst, len, AccessMode::Write)?;
+        self.check_mapped(&[r])?;
+        self.enqueue(|_| TaskKind::Memset { dst: dst.addr(), value, len }).map(drop)
+    }
+
+    fn record(&self, event: &dyn EventHal) -> DriverResult<u64> {
+        let ev = downcast_event(event)?;
+        // The event's latest record is replaced under the enqueue lock, so concurrent records
+        // of one event on one stream leave it at the highest position.
+        self.enqueue(|pos| {
+            let r = Arc::new(RecordState::new(Arc::clone(&self.shared), pos));
+            ev.set_latest(Arc::clone(&r));
+            TaskKind::Record(r)
+        })
+    }
+
+    fn wait(&self, event: &dyn EventHal) -> DriverResult<()> {
+        let ev = downcast_event(event)?;
+        match ev.latest() {
+            // Never recorded, or already complete: nothing to wait for.
+            None => Ok(()),
+            Some(r) if r.is_complete() => Ok(()),
+            Some(r) => self.enqueue(|_| TaskKind::Wait(r)).map(drop),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
