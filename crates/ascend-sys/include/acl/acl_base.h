@@ -1,0 +1,65 @@
+/*
+ * acl_base.h - base types and error codes of the AscendCL (CANN runtime) C API subset
+ * declared by soma-rs.
+ *
+ * Written by the soma-rs project from the documented API facts in ACL_SUBSET.md; it declares
+ * only that subset. A program that uses only the subset compiles unchanged against these
+ * headers and against the CANN toolkit's headers of the same names.
+ *
+ * SPDX-License-Identifier: MIT OR Apache-2.0
+ */
+#ifndef INC_EXTERNAL_ACL_ACL_BASE_H_
+#define INC_EXTERNAL_ACL_ACL_BASE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Symbol visibility of the API functions: exported when the implementation is built with
+ * FUNC_VISIBILITY defined, plain declarations for users. */
+#if defined(_MSC_VER)
+#ifdef FUNC_VISIBILITY
+#define ACL_FUNC_VISIBILITY _declspec(dllexport)
+#else
+#define ACL_FUNC_VISIBILITY
+#endif
+#else
+#ifdef FUNC_VISIBILITY
+#define ACL_FUNC_VISIBILITY __attribute__((visibility("default")))
+#else
+#define ACL_FUNC_VISIBILITY
+#endif
+#endif
+
+/* The status every API function returns; ACL_SUCCESS (0) on success. */
+typedef int aclError;
+
+/* Opaque handles. */
+typedef void *aclrtStream;
+typedef void *aclrtEvent;
+typedef void *aclrtContext;
+
+/* Error codes. */
+static const int ACL_SUCCESS = 0;
+
+static const int ACL_ERROR_INVALID_PARAM = 100000;
+static const int ACL_ERROR_UNINITIALIZE = 100001;
+
+static const int ACL_ERROR_BAD_ALLOC = 200000;
+static const int ACL_ERROR_INVALID_RESOURCE_HANDLE = 200005;
+static const int ACL_ERROR_FEATURE_UNSUPPORTED = 200006;
+
+static const int ACL_ERROR_RT_PARAM_INVALID = 107000;
+static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
+
+static const int ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
+static const int ACL_ERROR_RT_MEMORY_ALLOCATION = 207001; /* out of device memory */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* INC_EXTERNAL_ACL_ACL_BASE_H_ */
