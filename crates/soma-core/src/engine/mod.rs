@@ -1,8 +1,106 @@
 //! The pool engine's bookkeeping: pure, safe Rust over an offset space, testable without a
 //! device (see DESIGN.md §4).
 //!
-//! INTERFACE SKETCH — to be implemented. The typed layer (`crate::pool`) owns one `Engine`
-//! per pool behind a mutex and talks to the device only through the [`Backing`] it passes in.
+//! The typed layer (`crate::pool`) owns one [`Engine`] per pool behind a mutex and talks to
+//! the device only through the [`Backing`] it passes in. The engine hands out *offsets* in
+//! `[0, range_size)` and never touches memory (like offset-allocator): it decides which
+//! granules are mapped, which block serves which request and which reuse rule justified it.
+//!
+//! # Structure
+//!
+//! * **Blocks** ([`block`]): a slab of ≤ 64-byte records (56 bytes today) in one address-order
+//!   list covering the whole range: `Live`, `Free` (tagged with a [`FreeTag`], or untagged =
+//!   never used) and `Unmapped` blocks. Free neighbours coalesce when they carry the same
+//!   stream (the result keeps the larger `pos`) or when one is untagged (the result takes the
+//!   tag); blocks of different streams never merge, nothing merges across unmapped space.
+//! * **Free indices** ([`tlsf`]): one two-level segregated-fit index (rlsf-style bitmaps) per
+//!   stream slot that has freed memory, created lazily on that stream's first free, plus one
+//!   for untagged memory. O(1) insert / remove / class search.
+//! * **Segments**: every [`Backing::map`] call creates one segment; segments are unmapped
+//!   whole, exactly as mapped, and only when every byte is free and no in-flight work can
+//!   touch it (untagged, or [`StreamOrder::is_complete`]).
+//!
+//! # Search order of [`Engine::alloc`] (request of stream `T`)
+//!
+//! 1. **`T`'s own cached blocks and untagged (never used) blocks**: best fit among the two
+//!    indices (the smaller fitting block wins; on a tie `T`'s own). Each index is searched by
+//!    scanning the request's own size class (at most [`OWN_CLASS_SCAN`] blocks, for exact
+//!    fits such as the block `T` just freed) and then taking the first block of the first
+//!    non-empty class whose every member fits (TLSF good fit). Reported as
+//!    [`ReuseKind::SameStream`] or `None` (fresh).
+//! 2. **Other streams' eligible blocks**: for every other stream with cached blocks, one call
+//!    of [`StreamOrder::eligibility`]; a block freed at `pos` is eligible when
+//!    `pos < host_observed` ([`ReuseKind::HostSynchronized`]), else `pos < event`
+//!    ([`ReuseKind::EventDependency`]), else `pos < completed`
+//!    ([`ReuseKind::Opportunistic`]) — the kind reported is the first rule that holds in that
+//!    order. Best fit across streams; per stream at most [`CROSS_STREAM_BUDGET`] blocks are
+//!    examined when only some of its blocks are eligible (when all are — every `pos` is below
+//!    the bound — the search is the plain O(1) good fit).
+//! 3. **Growth** (maps memory, see below): extending an eligible free block adjacent to
+//!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping,
+//!    fully free *recyclable* segments elsewhere are unmapped so that reserved memory does
+//!    not grow while free physical memory sits idle. On [`BackingError::OutOfMemory`] (or no
+//!    unmapped hole large enough) every recyclable free segment is released and growth is
+//!    retried once.
+//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit among
+//!    any other stream's cached blocks (bounded like step 2); the returned
+//!    [`Allocation::dependency`] is the block's tag, which the caller must turn into a real
+//!    event wait.
+//! 5. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
+//!    cached bytes that were not eligible and the position to wait for.
+//!
+//! Internal dependencies come *after* growth, as in CUDA (the CUDA programming guide, stream
+//! ordered allocator, `cudaMemPoolReuseAllowInternalDependencies`: "failing to allocate and
+//! map more physical memory from the OS, the driver will look for memory whose availability
+//! depends on another stream's pending progress"). Rationale: an inserted dependency
+//! serialises two streams for the rest of their work — a cost the user cannot see and that
+//! can be far larger than a map call — while growth costs a driver call and, thanks to
+//! recycling, little extra reserved memory. Under memory pressure the dependency is taken
+//! rather than failing.
+//!
+//! # Growth and recycling
+//!
+//! Growth is address ordered. The engine maps only granules (`Backing::map` with granule
+//! multiples), one segment per growth: either the granules missing to extend an eligible free
+//! block that borders an unmapped hole (on either side; the smallest mapping wins, ties to the
+//! lower address), or, when no such extension fits, `round_up(size, granularity)` at the start
+//! of the lowest hole that fits; the rest of the last granule becomes untagged free memory
+//! that small allocations share.
+//!
+//! Before mapping `n` bytes, the engine unmaps fully free segments elsewhere whose free
+//! blocks are untagged or complete per [`StreamOrder::is_complete`] (the device can no longer
+//! touch them), choosing the smallest segment that covers what remains of `n`, else the
+//! largest, until `n` bytes are recycled or none is left. Memory freed on the requesting
+//! stream but not complete is *not* recycled: unmapping is immediate on the host, not
+//! stream ordered, so in-flight work could still touch it.
+//!
+//! # Failure atomicity
+//!
+//! A failed [`Engine::alloc`] leaves every block as it was. The only lasting effect a failed
+//! call can have is that recyclable free segments were unmapped (exactly accounted in
+//! `reserved` and the unmap statistics) — physical memory the pool could give back anyway.
+//!
+//! # Complexity
+//!
+//! `alloc` without growth and `free` are O(1) in the number of blocks (O(streams) for the
+//! cross-stream step); growth, [`Engine::release`], [`Engine::relocate_lower`] and the OOM
+//! report are O(n) in blocks or holes, always next to a driver call or on a cold path.
+//! Steady state allocates nothing on the host: records are recycled in the slab, free indices
+//! live as long as the engine, the optional offset index keeps its capacity.
+
+mod block;
+mod growth;
+mod invariants;
+mod ops;
+mod tlsf;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+
+use block::{Kind, Slab, NIL};
+use tlsf::FreeIndex;
 
 use smallvec::SmallVec;
 
@@ -77,4 +175,726 @@ pub enum BackingError {
     OutOfMemory,
     /// Anything else (injected faults, driver errors); carried as text.
     Failed(String),
+}
+
+impl ReuseKind {
+    /// All kinds, in declaration order (the order of [`EngineStats::reuses`]).
+    pub const ALL: [ReuseKind; 5] = [
+        ReuseKind::SameStream,
+        ReuseKind::EventDependency,
+        ReuseKind::Opportunistic,
+        ReuseKind::InternalDependency,
+        ReuseKind::HostSynchronized,
+    ];
+
+    /// Index of this kind in [`EngineStats::reuses`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Blocks examined in the request's own size class before the good-fit search (finds the
+/// block the requesting stream just freed, which TLSF's round-up would miss).
+pub const OWN_CLASS_SCAN: usize = 8;
+
+/// Blocks examined per other stream when only some of its cached blocks are eligible.
+pub const CROSS_STREAM_BUDGET: usize = 32;
+
+/// Static configuration of an [`Engine`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Size of the pool's virtual range in bytes; a non-zero multiple of `granularity`.
+    pub range_size: u64,
+    /// Mapping granularity in bytes (a power of two, e.g. 2 MiB on Ascend).
+    pub granularity: u64,
+    /// Minimum alignment and size rounding of every block: a power of two, `>= 32` and
+    /// `<= granularity` (default 512).
+    pub alignment: u64,
+    /// Keep an offset → live block index so that [`Engine::lookup`] works (the C API frees by
+    /// pointer). Costs one hash-map entry per live block.
+    pub index_by_offset: bool,
+}
+
+impl EngineConfig {
+    /// The default alignment of a pool (512 B).
+    pub const DEFAULT_ALIGNMENT: u64 = 512;
+
+    /// A configuration with the default alignment and no offset index.
+    pub fn new(range_size: u64, granularity: u64) -> EngineConfig {
+        EngineConfig {
+            range_size,
+            granularity,
+            alignment: Self::DEFAULT_ALIGNMENT,
+            index_by_offset: false,
+        }
+    }
+}
+
+/// Names one block handed out by [`Engine::alloc`]. Stale ids (of freed and reused records)
+/// never match a later block: the record's generation is part of the id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockId(u64);
+
+impl BlockId {
+    fn new(idx: u32, generation: u32) -> BlockId {
+        BlockId((u64::from(generation) << 32) | u64::from(idx))
+    }
+
+    fn index(self) -> u32 {
+        self.0 as u32
+    }
+
+    fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// A successful allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// The block, for [`Engine::free`].
+    pub block: BlockId,
+    /// Offset of the block in the pool's range (aligned as requested).
+    pub offset: u64,
+    /// Rounded size of the block.
+    pub size: u64,
+    /// Which rule allowed reusing cached memory; `None` = fresh memory (never used, or newly
+    /// mapped). For a block that extends a cached block into newly mapped granules, the rule
+    /// that allowed the cached part.
+    pub reuse: Option<ReuseKind>,
+    /// `Some` only for [`ReuseKind::InternalDependency`]: the caller must make the requesting
+    /// stream wait for `tag.stream` past `tag.pos` before using the block.
+    pub dependency: Option<FreeTag>,
+}
+
+/// Why [`Engine::alloc`] failed. The engine is unchanged (see the module docs, *Failure
+/// atomicity*).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllocError {
+    /// Size 0, a size that overflows when rounded, or larger than the range.
+    InvalidSize(String),
+    /// Alignment 0, not a power of two, or larger than the granularity.
+    InvalidAlignment(String),
+    /// Nothing eligible is free and no more memory could be mapped.
+    OutOfMemory(OomInfo),
+    /// The backing failed for another reason than memory exhaustion; nothing was allocated.
+    Backing(String),
+}
+
+impl std::fmt::Display for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllocError::InvalidSize(s) => write!(f, "invalid size: {s}"),
+            AllocError::InvalidAlignment(s) => write!(f, "invalid alignment: {s}"),
+            AllocError::OutOfMemory(i) => write!(
+                f,
+                "out of memory: requested {} (rounded {}), used {}, reserved {}, max {}, \
+                 largest free block {}, {} bytes pending on other streams",
+                i.requested, i.rounded, i.used, i.reserved, i.max, i.largest_free_block,
+                i.pending_bytes
+            ),
+            AllocError::Backing(s) => write!(f, "backing failure: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// What an out-of-memory report carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomInfo {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes after rounding.
+    pub rounded: u64,
+    /// Bytes in live blocks.
+    pub used: u64,
+    /// Bytes mapped.
+    pub reserved: u64,
+    /// Size of the range.
+    pub max: u64,
+    /// Largest free mapped block, on any stream.
+    pub largest_free_block: u64,
+    /// Free bytes cached on other streams and not eligible for this request.
+    pub pending_bytes: u64,
+    /// Those bytes per stream.
+    pub pending: SmallVec<[PendingFrees; 4]>,
+}
+
+/// Cached bytes of one stream that a request could not use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingFrees {
+    /// The stream they were freed on.
+    pub stream: StreamSlot,
+    /// How many bytes.
+    pub bytes: u64,
+    /// The largest free position among them: once `completed(stream) >= max_pos` they are
+    /// all complete, and a retry can use them.
+    pub max_pos: u64,
+}
+
+/// Why [`Engine::free`] refused a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FreeError {
+    /// No block has this id (never allocated here, or the record was reused).
+    UnknownBlock,
+    /// The block is not live (double free).
+    NotLive,
+}
+
+impl std::fmt::Display for FreeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FreeError::UnknownBlock => f.write_str("unknown block"),
+            FreeError::NotLive => f.write_str("block is not live"),
+        }
+    }
+}
+
+impl std::error::Error for FreeError {}
+
+/// Counters of an engine; [`Engine::stats`] is O(1) in blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Bytes in live blocks (rounded sizes).
+    pub used: u64,
+    /// High-water mark of `used` since creation or [`Engine::reset_used_high`].
+    pub used_high: u64,
+    /// Mapped bytes.
+    pub reserved: u64,
+    /// High-water mark of `reserved` since creation or [`Engine::reset_reserved_high`].
+    pub reserved_high: u64,
+    /// Live blocks.
+    pub live_blocks: u64,
+    /// High-water mark of `live_blocks`.
+    pub live_blocks_high: u64,
+    /// Successful allocations (including [`Engine::relocate_lower`]).
+    pub allocs: u64,
+    /// Successful frees.
+    pub frees: u64,
+    /// Allocations served with fresh memory (`reuse == None`).
+    pub fresh_allocs: u64,
+    /// Allocations per reuse rule, indexed by [`ReuseKind::index`].
+    pub reuses: [u64; 5],
+    /// Successful [`Backing::map`] calls.
+    pub map_calls: u64,
+    /// Successful [`Backing::unmap`] calls.
+    pub unmap_calls: u64,
+    /// Segments currently mapped.
+    pub mapped_segments: u64,
+    /// Bytes ever mapped.
+    pub bytes_mapped_total: u64,
+    /// Bytes ever unmapped.
+    pub bytes_unmapped_total: u64,
+    /// Free mapped bytes tagged with a stream.
+    pub pending_bytes: u64,
+    /// All free mapped bytes (`reserved - used`).
+    pub free_bytes: u64,
+    /// Largest free mapped block (exact).
+    pub largest_free_block: u64,
+    /// [`AllocError::OutOfMemory`] returns.
+    pub ooms: u64,
+}
+
+/// State of a block as seen by [`Engine::block`] and [`Engine::blocks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out.
+    Live,
+    /// Mapped and free; `None`: never used, reusable by any stream.
+    Free(Option<FreeTag>),
+    /// Not backed by physical memory.
+    Unmapped,
+}
+
+/// One block of the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Start in the range.
+    pub offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Live, free or unmapped.
+    pub state: BlockState,
+}
+
+/// One mapped segment: exactly what one `Backing::map` call returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    size: u64,
+    token: u64,
+}
+
+/// A multiplicative hasher for the offset index (offsets are multiples of the alignment).
+#[derive(Default, Clone, Copy)]
+struct OffsetHasher(u64);
+
+impl std::hash::Hasher for OffsetHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type OffsetMap = HashMap<u64, u32, std::hash::BuildHasherDefault<OffsetHasher>>;
+
+/// The bookkeeping of one pool: which parts of the range are mapped, live, free (and on
+/// which stream) or unmapped. Single threaded (`&mut self`); the pool serialises access.
+///
+/// See the [module docs](self) for the search order, growth policy and complexity.
+pub struct Engine {
+    cfg: EngineConfig,
+    /// log2 of `cfg.alignment`: sizes in the free indices are counted in these units.
+    unit_shift: u32,
+    slab: Slab,
+    /// The block at offset 0.
+    first: u32,
+    /// Free indices: `[0]` untagged, `[s + 1]` stream slot `s`; created lazily.
+    indexes: Vec<Option<Box<FreeIndex>>>,
+    /// Unmapped blocks by offset.
+    holes: BTreeMap<u64, u32>,
+    /// Mapped segments by offset.
+    segments: BTreeMap<u64, Segment>,
+    /// Live blocks by offset (when `cfg.index_by_offset`).
+    live_index: Option<OffsetMap>,
+    stats: EngineStats,
+    /// Reused buffer of (segment offset, segment size, first covering block).
+    scratch: Vec<(u64, u64, u32)>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Iterator over all blocks in address order ([`Engine::blocks`]).
+#[derive(Debug)]
+pub struct Blocks<'a> {
+    engine: &'a Engine,
+    cur: u32,
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = BlockInfo;
+
+    fn next(&mut self) -> Option<BlockInfo> {
+        if self.cur == NIL {
+            return None;
+        }
+        let idx = self.cur;
+        self.cur = self.engine.slab.blocks[idx as usize].next;
+        Some(self.engine.info(idx))
+    }
+}
+
+impl Engine {
+    /// A new engine over an entirely unmapped range.
+    ///
+    /// # Errors
+    ///
+    /// A description of the problem when `granularity` is not a power of two, `alignment` is
+    /// not a power of two in `32..=granularity`, or `range_size` is not a non-zero multiple of
+    /// `granularity`.
+    pub fn new(cfg: EngineConfig) -> Result<Engine, String> {
+        if cfg.granularity == 0 || !cfg.granularity.is_power_of_two() {
+            return Err(format!(
+                "granularity {} is not a power of two",
+                cfg.granularity
+            ));
+        }
+        if !cfg.alignment.is_power_of_two() || cfg.alignment < 32 {
+            return Err(format!(
+                "alignment {} is not a power of two >= 32",
+                cfg.alignment
+            ));
+        }
+        if cfg.alignment > cfg.granularity {
+            return Err(format!(
+                "alignment {} exceeds the granularity {}",
+                cfg.alignment, cfg.granularity
+            ));
+        }
+        if cfg.range_size == 0 || cfg.range_size % cfg.granularity != 0 {
+            return Err(format!(
+                "range size {} is not a non-zero multiple of the granularity {}",
+                cfg.range_size, cfg.granularity
+            ));
+        }
+        let mut slab = Slab::new();
+        let first = slab.take();
+        {
+            let b = &mut slab.blocks[first as usize];
+            b.offset = 0;
+            b.size = cfg.range_size;
+            b.kind = Kind::Unmapped;
+        }
+        let mut holes = BTreeMap::new();
+        holes.insert(0, first);
+        let indexes = vec![None];
+        Ok(Engine {
+            cfg,
+            unit_shift: cfg.alignment.trailing_zeros(),
+            slab,
+            first,
+            indexes,
+            holes,
+            segments: BTreeMap::new(),
+            live_index: cfg.index_by_offset.then(OffsetMap::default),
+            stats: EngineStats::default(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The configuration the engine was created with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The effective alignment of a request (`max(align, cfg.alignment)`), or `None` when
+    /// `align` is 0, not a power of two or larger than the granularity.
+    fn effective_align(&self, align: u64) -> Option<u64> {
+        (align != 0 && align.is_power_of_two() && align <= self.cfg.granularity)
+            .then(|| align.max(self.cfg.alignment))
+    }
+
+    /// The size a request of `bytes` with alignment `align` occupies: `bytes` rounded up to a
+    /// multiple of `max(align, cfg.alignment)` (so that blocks aligned for a request are never
+    /// split below that alignment). `None` for 0 bytes, on overflow, or for an invalid
+    /// alignment (0, not a power of two, above the granularity). Alignments below the pool's
+    /// are raised to it.
+    pub fn round_size(&self, bytes: u64, align: u64) -> Option<u64> {
+        let align = self.effective_align(align)?;
+        if bytes == 0 {
+            return None;
+        }
+        bytes.checked_add(align - 1).map(|b| b & !(align - 1))
+    }
+
+    /// Allocates `bytes` (rounded per [`Engine::round_size`]) aligned to `align` for stream
+    /// `stream`, reusing cached memory when a rule allows it and mapping granules through
+    /// `backing` otherwise. See the [module docs](self) for the exact search order.
+    ///
+    /// `align` is normally `cfg.alignment`; any power of two up to the granularity is
+    /// accepted (smaller ones are raised to `cfg.alignment`).
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::InvalidSize`] / [`AllocError::InvalidAlignment`] for bad input,
+    /// [`AllocError::OutOfMemory`] when nothing eligible is free and nothing more can be
+    /// mapped, [`AllocError::Backing`] when the backing failed otherwise. On error the blocks
+    /// are as before the call (recyclable free segments may have been unmapped).
+    ///
+    /// # Time Complexity
+    ///
+    /// Served from cache: O(1) for the requesting stream and untagged memory, plus one
+    /// [`StreamOrder::eligibility`] call and at most [`CROSS_STREAM_BUDGET`] block visits
+    /// per other stream with cached blocks. Growth: O(holes + large free blocks + log
+    /// segments) next to a driver call. Out of memory: O(n) to build the report.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the API carries OomInfo by value; the error path is cold"
+    )]
+    pub fn alloc(
+        &mut self,
+        bytes: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing,
+    ) -> Result<Allocation, AllocError> {
+        let Some(align) = self.effective_align(align) else {
+            return Err(AllocError::InvalidAlignment(format!(
+                "alignment {align} is not a power of two in 1..={}",
+                self.cfg.granularity
+            )));
+        };
+        if bytes == 0 {
+            return Err(AllocError::InvalidSize("size 0".into()));
+        }
+        let Some(size) = self.round_size(bytes, align) else {
+            return Err(AllocError::InvalidSize(format!(
+                "size {bytes} overflows when rounded to {align}"
+            )));
+        };
+        if size > self.cfg.range_size {
+            return Err(AllocError::InvalidSize(format!(
+                "size {bytes} (rounded {size}) exceeds the pool's range of {} bytes",
+                self.cfg.range_size
+            )));
+        }
+        if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
+            return Ok(self.commit_cached(idx, size, align, kind, None));
+        }
+        match self.grow(size, align, stream, order, backing) {
+            Ok(a) => return Ok(a),
+            Err(growth::GrowError::Backing(msg)) => return Err(AllocError::Backing(msg)),
+            Err(growth::GrowError::NoRoom) => {
+                // Release what can be released anywhere, then retry once.
+                let keep = self.stats.reserved.saturating_sub(size);
+                if let Ok(released) = self.release(keep, order, backing) {
+                    if released > 0 {
+                        match self.grow(size, align, stream, order, backing) {
+                            Ok(a) => return Ok(a),
+                            Err(growth::GrowError::Backing(msg)) => {
+                                return Err(AllocError::Backing(msg))
+                            }
+                            Err(growth::GrowError::NoRoom) => {}
+                        }
+                    }
+                }
+            }
+        }
+        if order.internal_dependencies() {
+            if let Some((idx, tag)) = self.find_internal_dependency(size, align, stream) {
+                return Ok(self.commit_cached(
+                    idx,
+                    size,
+                    align,
+                    Some(ReuseKind::InternalDependency),
+                    Some(tag),
+                ));
+            }
+        }
+        self.stats.ooms += 1;
+        Err(AllocError::OutOfMemory(self.oom_info(bytes, size, stream, order)))
+    }
+
+    /// Frees a live block onto stream `tag.stream` at position `tag.pos` (the stream may
+    /// differ from the allocating one). The block coalesces with free neighbours of the same
+    /// stream (keeping the larger `pos`) and with untagged ones.
+    ///
+    /// # Errors
+    ///
+    /// [`FreeError::UnknownBlock`] for an id that names no block (stale or foreign),
+    /// [`FreeError::NotLive`] for a block that is already free. Nothing changes on error.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
+        let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
+        let b = &mut self.slab.blocks[idx as usize];
+        if b.kind != Kind::Live {
+            return Err(FreeError::NotLive);
+        }
+        let (offset, size) = (b.offset, b.size);
+        b.kind = Kind::Free;
+        b.tagged = true;
+        b.stream = tag.stream;
+        b.pos = tag.pos;
+        if let Some(map) = &mut self.live_index {
+            map.remove(&offset);
+        }
+        self.stats.used -= size;
+        self.stats.live_blocks -= 1;
+        self.stats.frees += 1;
+        self.insert_free_coalesce(idx);
+        Ok(())
+    }
+
+    /// The live block that starts exactly at `offset`, with its size. Always `None` unless
+    /// the engine was created with `index_by_offset`.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) (one hash lookup).
+    pub fn lookup(&self, offset: u64) -> Option<(BlockId, u64)> {
+        let idx = *self.live_index.as_ref()?.get(&offset)?;
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Live);
+        Some((BlockId::new(idx, b.generation), b.size))
+    }
+
+    /// What `block` currently is, while its record still describes it: a live block, or — after
+    /// its free — the free block it coalesced into (if the record survived), or `None` once
+    /// the record was merged away or reused.
+    pub fn block(&self, block: BlockId) -> Option<BlockInfo> {
+        self.resolve(block).map(|idx| self.info(idx))
+    }
+
+    /// Unmaps fully free segments whose memory no in-flight work can touch (untagged, or
+    /// [`StreamOrder::is_complete`]) — highest address first, so that what stays mapped is
+    /// packed low — until `reserved <= max(keep, used)` or nothing more can go. Segments are
+    /// unmapped whole, so `reserved` may end below the target. Returns the bytes released.
+    ///
+    /// # Errors
+    ///
+    /// The first [`Backing::unmap`] error; what was unmapped before it is accounted.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n + segments) plus one driver call per released segment.
+    pub fn release(
+        &mut self,
+        keep: u64,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing,
+    ) -> Result<u64, BackingError> {
+        self.release_where(keep, backing, &|b| {
+            !b.tagged
+                || order.is_complete(FreeTag {
+                    stream: b.stream,
+                    pos: b.pos,
+                })
+        })
+    }
+
+    /// Unmaps every segment (the caller guarantees that all work is complete). Afterwards the
+    /// engine is as new, except for its statistics.
+    ///
+    /// # Errors
+    ///
+    /// [`BackingError::Failed`] without touching anything when live blocks remain; otherwise
+    /// the first unmap error (what was unmapped before it is accounted).
+    pub fn teardown(&mut self, backing: &mut dyn Backing) -> Result<(), BackingError> {
+        if self.stats.live_blocks != 0 {
+            return Err(BackingError::Failed(format!(
+                "teardown with {} live blocks",
+                self.stats.live_blocks
+            )));
+        }
+        self.release_where(0, backing, &|_| true)?;
+        debug_assert!(self.segments.is_empty());
+        Ok(())
+    }
+
+    /// For compaction: allocates a block of `block`'s size and alignment for `stream` in the
+    /// lowest-address eligible free mapped space (own, untagged, or eligible per
+    /// [`StreamOrder::eligibility`]) that lies entirely below `block`'s offset. Never maps.
+    /// `None` when `block` is not live or nothing lower fits. The caller copies the data and
+    /// then frees `block` in stream order.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(number of blocks below `block`).
+    pub fn relocate_lower(
+        &mut self,
+        block: BlockId,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Allocation> {
+        let idx = self.resolve(block)?;
+        let b = self.slab.blocks[idx as usize];
+        if b.kind != Kind::Live {
+            return None;
+        }
+        let (size, align, limit) = (b.size, 1u64 << b.align_log2, b.offset);
+        let mut cur = self.first;
+        while cur != NIL {
+            let c = self.slab.blocks[cur as usize];
+            if c.offset >= limit {
+                break;
+            }
+            if c.kind == Kind::Free {
+                let start = align_up(c.offset, align);
+                if start + size <= c.end().min(limit) {
+                    if let Some(kind) = self.eligible_kind(&c, stream, order) {
+                        return Some(self.commit_cached(cur, size, align, kind, None));
+                    }
+                }
+            }
+            cur = c.next;
+        }
+        None
+    }
+
+    /// Current counters. `largest_free_block` is exact.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) in blocks: O(streams) plus the length of each stream's highest non-empty size
+    /// class list (usually one block).
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.stats;
+        s.mapped_segments = self.segments.len() as u64;
+        s.largest_free_block = self.largest_free_block();
+        s
+    }
+
+    /// Restarts the `used` high-water mark from the current `used` (what setting the
+    /// attribute to 0 means in CUDA and CANN: the mark can never be below the current value).
+    pub fn reset_used_high(&mut self) {
+        self.stats.used_high = self.stats.used;
+    }
+
+    /// Restarts the `reserved` high-water mark from the current `reserved`.
+    pub fn reset_reserved_high(&mut self) {
+        self.stats.reserved_high = self.stats.reserved;
+    }
+
+    /// Bytes in live blocks.
+    pub fn used(&self) -> u64 {
+        self.stats.used
+    }
+
+    /// Bytes mapped.
+    pub fn reserved(&self) -> u64 {
+        self.stats.reserved
+    }
+
+    /// All blocks in address order; together they cover `[0, range_size)` exactly.
+    pub fn blocks(&self) -> Blocks<'_> {
+        Blocks {
+            engine: self,
+            cur: self.first,
+        }
+    }
+
+    /// Exhaustive consistency check (for tests; O(n + segments + free-list lengths)).
+    ///
+    /// # Errors
+    ///
+    /// A description of the first violated invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        invariants::check(self)
+    }
+
+    /// The record index of a valid id.
+    fn resolve(&self, block: BlockId) -> Option<u32> {
+        let idx = block.index();
+        let b = self.slab.blocks.get(idx as usize)?;
+        (b.kind != Kind::Vacant && b.generation == block.generation()).then_some(idx)
+    }
+
+    fn info(&self, idx: u32) -> BlockInfo {
+        let b = &self.slab.blocks[idx as usize];
+        let state = match b.kind {
+            Kind::Live => BlockState::Live,
+            Kind::Free => BlockState::Free(b.tagged.then_some(FreeTag {
+                stream: b.stream,
+                pos: b.pos,
+            })),
+            Kind::Unmapped | Kind::Vacant => BlockState::Unmapped,
+        };
+        BlockInfo {
+            offset: b.offset,
+            size: b.size,
+            state,
+        }
+    }
+}
+
+/// `x` rounded up to a multiple of the power of two `a` (no overflow for in-range offsets).
+#[inline]
+fn align_up(x: u64, a: u64) -> u64 {
+    (x + a - 1) & !(a - 1)
+}
+
+/// `x` rounded down to a multiple of the power of two `a`.
+#[inline]
+fn align_down(x: u64, a: u64) -> u64 {
+    x & !(a - 1)
 }

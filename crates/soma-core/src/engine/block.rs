@@ -1,0 +1,216 @@
+//! Block records: one slab (`Vec`) of records linked by `u32` indices.
+//!
+//! Every byte of the pool's range belongs to exactly one non-vacant record at all times:
+//! the records form a doubly linked list in address order (`prev` / `next`) that starts at
+//! offset 0 and ends at the end of the range. Free records are additionally linked into one
+//! segregated free list of their [`FreeIndex`](super::tlsf::FreeIndex) (`prev_free` /
+//! `next_free`); vacant records are chained through `next_free` for reuse, so the slab only
+//! grows when the number of blocks reaches a new high.
+
+/// The null link.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// What a record currently describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Kind {
+    /// Not a block: the record is on the vacant list.
+    Vacant,
+    /// Handed out to the user.
+    Live,
+    /// Mapped and free (tagged or not, see `tagged`).
+    Free,
+    /// Not backed by physical memory.
+    Unmapped,
+}
+
+/// One block record. 56 bytes (see the size test); the bookkeeping target is ≤ 64 bytes per
+/// live allocation.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Block {
+    /// Start of the block in the pool's range.
+    pub offset: u64,
+    /// Size in bytes (a multiple of the pool's alignment; of the granularity when unmapped).
+    pub size: u64,
+    /// `FreeTag::pos` when `kind == Free && tagged`.
+    pub pos: u64,
+    /// Address-order neighbours.
+    pub prev: u32,
+    pub next: u32,
+    /// Free-list links (free blocks); `next_free` also chains vacant records.
+    pub prev_free: u32,
+    pub next_free: u32,
+    /// `FreeTag::stream` when `kind == Free && tagged`.
+    pub stream: u32,
+    /// Bumped whenever the record becomes live or vacant, so stale `BlockId`s never match.
+    pub generation: u32,
+    pub kind: Kind,
+    /// Free blocks only: carries a `FreeTag` (`stream`, `pos`); untagged = never used.
+    pub tagged: bool,
+    /// Live blocks only: log2 of the alignment the block was allocated with.
+    pub align_log2: u8,
+}
+
+impl Block {
+    /// One past the last byte.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.offset + self.size
+    }
+
+    fn vacant() -> Block {
+        Block {
+            offset: 0,
+            size: 0,
+            pos: 0,
+            prev: NIL,
+            next: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+            stream: 0,
+            generation: 0,
+            kind: Kind::Vacant,
+            tagged: false,
+            align_log2: 0,
+        }
+    }
+}
+
+/// The slab of block records.
+#[derive(Debug, Default)]
+pub(super) struct Slab {
+    pub blocks: Vec<Block>,
+    /// Head of the vacant-record chain.
+    vacant: u32,
+    vacant_count: u32,
+}
+
+impl Slab {
+    pub fn new() -> Slab {
+        Slab {
+            blocks: Vec::new(),
+            vacant: NIL,
+            vacant_count: 0,
+        }
+    }
+
+    /// Number of vacant records.
+    pub fn vacant_count(&self) -> u32 {
+        self.vacant_count
+    }
+
+    /// Head of the vacant chain (for invariant checks).
+    pub fn vacant_head(&self) -> u32 {
+        self.vacant
+    }
+
+    /// Takes a record (vacant one first) and returns its index; the record's generation is
+    /// preserved, every other field is reset.
+    ///
+    /// # Panics
+    ///
+    /// If more than `u32::MAX - 1` records would exist (a range of at least 2^32 blocks).
+    pub fn take(&mut self) -> u32 {
+        if self.vacant != NIL {
+            let idx = self.vacant;
+            let b = &mut self.blocks[idx as usize];
+            self.vacant = b.next_free;
+            self.vacant_count -= 1;
+            let generation = b.generation;
+            *b = Block::vacant();
+            b.generation = generation;
+            idx
+        } else {
+            let idx = u32::try_from(self.blocks.len()).expect("block slab exceeds u32 indices");
+            assert!(idx != NIL, "block slab exceeds u32 indices");
+            self.blocks.push(Block::vacant());
+            idx
+        }
+    }
+
+    /// Returns a record to the vacant chain.
+    pub fn give_back(&mut self, idx: u32) {
+        let vacant = self.vacant;
+        let b = &mut self.blocks[idx as usize];
+        b.kind = Kind::Vacant;
+        b.generation = b.generation.wrapping_add(1);
+        b.prev = NIL;
+        b.next = NIL;
+        b.prev_free = NIL;
+        b.next_free = vacant;
+        self.vacant = idx;
+        self.vacant_count += 1;
+    }
+
+    /// Splits block `idx` at `at` (strictly inside it): `idx` keeps `[offset, at)`, a new
+    /// record with the same kind and tag takes `[at, end)` and is returned. Neither part is
+    /// put into a free list.
+    pub fn split(&mut self, idx: u32, at: u64) -> u32 {
+        let new = self.take();
+        let old = self.blocks[idx as usize];
+        debug_assert!(at > old.offset && at < old.end());
+        let generation = self.blocks[new as usize].generation;
+        self.blocks[new as usize] = Block {
+            offset: at,
+            size: old.end() - at,
+            prev: idx,
+            next: old.next,
+            prev_free: NIL,
+            next_free: NIL,
+            generation,
+            ..old
+        };
+        if old.next != NIL {
+            self.blocks[old.next as usize].prev = new;
+        }
+        let b = &mut self.blocks[idx as usize];
+        b.size = at - old.offset;
+        b.next = new;
+        new
+    }
+
+    /// Merges block `right` (the address-order successor of `left`) into `left` and vacates
+    /// `right`. Kinds and tags are the caller's business.
+    pub fn absorb_next(&mut self, left: u32, right: u32) {
+        let r = self.blocks[right as usize];
+        debug_assert_eq!(self.blocks[left as usize].next, right);
+        debug_assert_eq!(r.prev, left);
+        let l = &mut self.blocks[left as usize];
+        l.size += r.size;
+        l.next = r.next;
+        if r.next != NIL {
+            self.blocks[r.next as usize].prev = left;
+        }
+        self.give_back(right);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_record_fits_in_64_bytes() {
+        assert!(std::mem::size_of::<Block>() <= 64);
+        assert_eq!(std::mem::size_of::<Block>(), 56);
+    }
+
+    #[test]
+    fn split_and_absorb_round_trip() {
+        let mut s = Slab::new();
+        let a = s.take();
+        s.blocks[a as usize].size = 100;
+        s.blocks[a as usize].kind = Kind::Free;
+        let b = s.split(a, 40);
+        assert_eq!(s.blocks[a as usize].size, 40);
+        assert_eq!(s.blocks[b as usize].offset, 40);
+        assert_eq!(s.blocks[b as usize].size, 60);
+        assert_eq!(s.blocks[a as usize].next, b);
+        s.absorb_next(a, b);
+        assert_eq!(s.blocks[a as usize].size, 100);
+        assert_eq!(s.vacant_count(), 1);
+        let c = s.take();
+        assert_eq!(c, b);
+        assert_eq!(s.blocks[c as usize].generation, 1);
+    }
+}

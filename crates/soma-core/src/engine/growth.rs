@@ -1,0 +1,382 @@
+//! Growth (mapping granules), recycling and releasing segments.
+
+use super::block::{Block, Kind, NIL};
+use super::tlsf::{class_of, SL};
+use super::{
+    align_down, align_up, Allocation, Backing, BackingError, Engine, FreeTag, ReuseKind,
+    Segment, StreamOrder, StreamSlot,
+};
+
+/// Why growth did not produce an allocation.
+#[derive(Debug)]
+pub(super) enum GrowError {
+    /// No unmapped hole fits, or the backing is out of memory.
+    NoRoom,
+    /// The backing failed otherwise.
+    Backing(String),
+}
+
+/// Where a growth maps and places its block.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Granule-aligned range to map (inside one hole).
+    map_off: u64,
+    map_len: u64,
+    /// Where the block goes.
+    alloc_off: u64,
+    /// The free block extended into the hole (right: it precedes the hole; left: it follows).
+    base: Option<u32>,
+    /// Whether `base` precedes the hole.
+    base_left: bool,
+    /// Reuse rule of `base` (`None`: fresh).
+    kind: Option<ReuseKind>,
+    /// Range that recycling must not touch.
+    protect: (u64, u64),
+}
+
+impl Engine {
+    /// Growth: plan, recycle, map, commit. See the module docs.
+    pub(super) fn grow(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing,
+    ) -> Result<Allocation, GrowError> {
+        let Some(mut plan) = self.plan_growth(size, align, stream, order) else {
+            return Err(GrowError::NoRoom);
+        };
+        self.recycle(plan.map_len, plan.protect, order, backing);
+        if plan.base.is_none() {
+            // Recycling may have opened a lower hole.
+            plan = self
+                .plan_new_run(size)
+                .expect("recycling only enlarges holes");
+        }
+        let token = match backing.map(plan.map_off, plan.map_len) {
+            Ok(t) => t,
+            Err(BackingError::OutOfMemory) => return Err(GrowError::NoRoom),
+            Err(BackingError::Failed(msg)) => return Err(GrowError::Backing(msg)),
+        };
+        let fresh = self.map_into_hole(plan.map_off, plan.map_len, token);
+        let target = match plan.base {
+            None => fresh,
+            Some(base) => {
+                debug_assert_eq!(self.slab.blocks[base as usize].kind, Kind::Free);
+                self.remove_free(base);
+                if plan.base_left {
+                    self.slab.absorb_next(base, fresh);
+                    base
+                } else {
+                    let b = self.slab.blocks[base as usize];
+                    let f = &mut self.slab.blocks[fresh as usize];
+                    f.tagged = b.tagged;
+                    f.stream = b.stream;
+                    f.pos = b.pos;
+                    self.slab.absorb_next(fresh, base);
+                    fresh
+                }
+            }
+        };
+        Ok(self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None))
+    }
+
+    /// A new run of `round_up(size, granularity)` at the start of the lowest hole that fits.
+    fn plan_new_run(&self, size: u64) -> Option<Plan> {
+        let run = align_up(size, self.cfg.granularity);
+        self.holes.iter().find_map(|(&h0, &h)| {
+            (self.slab.blocks[h as usize].size >= run).then_some(Plan {
+                map_off: h0,
+                map_len: run,
+                alloc_off: h0,
+                base: None,
+                base_left: false,
+                kind: None,
+                protect: (h0, h0 + run),
+            })
+        })
+    }
+
+    /// The extension that maps the fewest granules (ties: lowest address), else a new run.
+    fn plan_growth(
+        &self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Plan> {
+        let g = self.cfg.granularity;
+        let mut best: Option<Plan> = None;
+        let mut consider = |p: Plan| {
+            if best.is_none_or(|b| p.map_len < b.map_len) {
+                best = Some(p);
+            }
+        };
+        for (&h0, &h) in &self.holes {
+            let hb = self.slab.blocks[h as usize];
+            // Extend the free block before the hole to the right.
+            if hb.prev != NIL {
+                let l = self.slab.blocks[hb.prev as usize];
+                if l.kind == Kind::Free {
+                    let a = align_up(l.offset, align);
+                    let end = a + size;
+                    if a < h0 && end > h0 {
+                        let map_len = align_up(end - h0, g);
+                        if map_len <= hb.size {
+                            if let Some(kind) = self.eligible_kind(&l, stream, order) {
+                                consider(Plan {
+                                    map_off: h0,
+                                    map_len,
+                                    alloc_off: a,
+                                    base: Some(hb.prev),
+                                    base_left: true,
+                                    kind,
+                                    protect: (l.offset, h0 + map_len),
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            // Extend the free block after the hole to the left.
+            if hb.next != NIL {
+                let r = self.slab.blocks[hb.next as usize];
+                if r.kind == Kind::Free && r.end() >= size {
+                    let a = align_down(r.end() - size, align);
+                    if a >= h0 && a < r.offset && a + size > r.offset {
+                        let map_off = align_down(a, g);
+                        if let Some(kind) = self.eligible_kind(&r, stream, order) {
+                            consider(Plan {
+                                map_off,
+                                map_len: r.offset - map_off,
+                                alloc_off: a,
+                                base: Some(hb.next),
+                                base_left: false,
+                                kind,
+                                protect: (map_off, r.end()),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        best.or_else(|| self.plan_new_run(size))
+    }
+
+    /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
+    /// (in no index) and records the segment. Returns the new block.
+    fn map_into_hole(&mut self, off: u64, len: u64, token: u64) -> u32 {
+        let (&h0, &h) = self
+            .holes
+            .range(..=off)
+            .next_back()
+            .expect("a hole contains the mapped range");
+        let hb = self.slab.blocks[h as usize];
+        debug_assert!(h0 <= off && off + len <= hb.end());
+        let mut mid = h;
+        if off > h0 {
+            mid = self.slab.split(h, off);
+        } else {
+            self.holes.remove(&h0);
+        }
+        if off + len < hb.end() {
+            let rest = self.slab.split(mid, off + len);
+            self.holes.insert(off + len, rest);
+        }
+        let m = &mut self.slab.blocks[mid as usize];
+        m.kind = Kind::Free;
+        m.tagged = false;
+        m.stream = 0;
+        m.pos = 0;
+        self.segments.insert(off, Segment { size: len, token });
+        let s = &mut self.stats;
+        s.reserved += len;
+        s.reserved_high = s.reserved_high.max(s.reserved);
+        s.map_calls += 1;
+        s.bytes_mapped_total += len;
+        mid
+    }
+
+    /// Before mapping `need` bytes: unmaps fully free recyclable segments (untagged or
+    /// complete) outside `protect` — the smallest that covers what remains, else the largest
+    /// — until `need` bytes are recycled. Only segments that lie inside one free block are
+    /// candidates (found through the free indices' classes of at least one granule).
+    /// Unmap errors end recycling silently (nothing was changed by the failed call).
+    fn recycle(
+        &mut self,
+        need: u64,
+        protect: (u64, u64),
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing,
+    ) {
+        if need == 0 || self.segments.is_empty() {
+            return;
+        }
+        let mut cands = std::mem::take(&mut self.scratch);
+        cands.clear();
+        let (fl0, sl0) = class_of(self.cfg.granularity >> self.unit_shift);
+        for ix in self.indexes.iter().flatten() {
+            let (mut fl, mut sl) = (fl0, sl0);
+            while let Some((f, s)) = ix.first_at_or_above(fl, sl) {
+                let mut cur = ix.head(f, s);
+                while cur != NIL {
+                    let b = &self.slab.blocks[cur as usize];
+                    if recyclable(b, order) {
+                        for (&off, seg) in self.segments.range(b.offset..b.end()) {
+                            let end = off + seg.size;
+                            if end <= b.end() && (end <= protect.0 || off >= protect.1) {
+                                cands.push((off, seg.size, cur));
+                            }
+                        }
+                    }
+                    cur = b.next_free;
+                }
+                (fl, sl) = if s + 1 < SL { (f, s + 1) } else { (f + 1, 0) };
+            }
+        }
+        cands.sort_unstable_by_key(|c| c.1);
+        let mut chosen: smallvec::SmallVec<[(u64, u64, u32); 8]> = smallvec::SmallVec::new();
+        let mut remaining = need;
+        while remaining > 0 && !cands.is_empty() {
+            let i = cands.partition_point(|c| c.1 < remaining);
+            let pick = if i < cands.len() { i } else { cands.len() - 1 };
+            let c = cands.remove(pick);
+            remaining = remaining.saturating_sub(c.1);
+            chosen.push(c);
+        }
+        // Highest first: splitting a free block keeps the record of its lower part, so the
+        // covering records of lower segments stay valid.
+        chosen.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+        for &(off, len, first) in &chosen {
+            let token = self.segments[&off].token;
+            if backing.unmap(off, len, token).is_err() {
+                break;
+            }
+            self.unmap_bookkeeping(off, len, first);
+        }
+        cands.clear();
+        self.scratch = cands;
+    }
+
+    /// Unmaps, highest address first, fully free segments whose every block satisfies
+    /// `pred` until `reserved <= max(keep, used)`.
+    pub(super) fn release_where(
+        &mut self,
+        keep: u64,
+        backing: &mut dyn Backing,
+        pred: &dyn Fn(&Block) -> bool,
+    ) -> Result<u64, BackingError> {
+        let target = keep.max(self.stats.used);
+        if self.stats.reserved <= target {
+            return Ok(0);
+        }
+        let mut cands = std::mem::take(&mut self.scratch);
+        cands.clear();
+        let mut cur = self.first;
+        for (&off, seg) in &self.segments {
+            let end = off + seg.size;
+            while self.slab.blocks[cur as usize].end() <= off {
+                cur = self.slab.blocks[cur as usize].next;
+            }
+            let mut c = cur;
+            let ok = loop {
+                let b = &self.slab.blocks[c as usize];
+                if b.kind != Kind::Free || !pred(b) {
+                    break false;
+                }
+                if b.end() >= end {
+                    break true;
+                }
+                c = b.next;
+            };
+            if ok {
+                cands.push((off, seg.size, cur));
+            }
+        }
+        let mut released = 0;
+        let mut result = Ok(());
+        for &(off, len, first) in cands.iter().rev() {
+            if self.stats.reserved <= target {
+                break;
+            }
+            let token = self.segments[&off].token;
+            if let Err(e) = backing.unmap(off, len, token) {
+                result = Err(e);
+                break;
+            }
+            self.unmap_bookkeeping(off, len, first);
+            released += len;
+        }
+        cands.clear();
+        self.scratch = cands;
+        result.map(|()| released)
+    }
+
+    /// After `Backing::unmap` of segment `[off, off + len)`: carves it out of the free
+    /// blocks covering it (the first being `first`) into an unmapped block, merged with
+    /// unmapped neighbours.
+    fn unmap_bookkeeping(&mut self, off: u64, len: u64, first: u32) {
+        let end = off + len;
+        let mut idx = first;
+        self.remove_free(idx);
+        if self.slab.blocks[idx as usize].offset < off {
+            let n = self.slab.split(idx, off);
+            self.insert_free(idx);
+            idx = n;
+        }
+        let start = idx;
+        loop {
+            debug_assert_eq!(self.slab.blocks[idx as usize].kind, Kind::Free);
+            if self.slab.blocks[idx as usize].end() > end {
+                let t = self.slab.split(idx, end);
+                self.insert_free(t);
+            }
+            let b = &mut self.slab.blocks[idx as usize];
+            b.kind = Kind::Unmapped;
+            b.tagged = false;
+            b.stream = 0;
+            b.pos = 0;
+            if b.end() == end {
+                break;
+            }
+            idx = b.next;
+            self.remove_free(idx);
+        }
+        // Merge the run and any unmapped block after it.
+        let mut u = start;
+        loop {
+            let n = self.slab.blocks[u as usize].next;
+            if n == NIL || self.slab.blocks[n as usize].kind != Kind::Unmapped {
+                break;
+            }
+            let n_off = self.slab.blocks[n as usize].offset;
+            if n_off >= end {
+                self.holes.remove(&n_off);
+            }
+            self.slab.absorb_next(u, n);
+        }
+        let p = self.slab.blocks[u as usize].prev;
+        if p != NIL && self.slab.blocks[p as usize].kind == Kind::Unmapped {
+            self.slab.absorb_next(p, u);
+            u = p;
+        } else {
+            self.holes.insert(self.slab.blocks[u as usize].offset, u);
+        }
+        let _ = u;
+        self.segments.remove(&off);
+        let s = &mut self.stats;
+        s.reserved -= len;
+        s.unmap_calls += 1;
+        s.bytes_unmapped_total += len;
+    }
+}
+
+/// Whether no in-flight work can touch free block `b`: untagged, or its free completed.
+fn recyclable(b: &Block, order: &dyn StreamOrder) -> bool {
+    !b.tagged
+        || order.is_complete(FreeTag {
+            stream: b.stream,
+            pos: b.pos,
+        })
+}

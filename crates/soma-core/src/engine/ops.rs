@@ -1,0 +1,469 @@
+//! Free-list maintenance, coalescing, carving and the cache searches of [`Engine`].
+
+use smallvec::SmallVec;
+
+use super::block::{Block, Kind, NIL};
+use super::tlsf::{class_at_least, class_of, FreeIndex, SL};
+use super::{
+    align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees,
+    ReuseKind, StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
+};
+
+/// Index in `Engine::indexes` of the free index holding blocks with this tag state.
+#[inline]
+pub(super) fn index_slot(tagged: bool, stream: StreamSlot) -> usize {
+    if tagged {
+        stream as usize + 1
+    } else {
+        0
+    }
+}
+
+/// The rule under which a block freed at `pos` is eligible, in the documented order.
+#[inline]
+pub(super) fn kind_for(pos: u64, e: &Eligibility) -> Option<ReuseKind> {
+    if pos < e.host_observed {
+        Some(ReuseKind::HostSynchronized)
+    } else if pos < e.event {
+        Some(ReuseKind::EventDependency)
+    } else if pos < e.completed {
+        Some(ReuseKind::Opportunistic)
+    } else {
+        None
+    }
+}
+
+/// The largest bound of an eligibility (0: nothing eligible).
+#[inline]
+fn bound_of(e: &Eligibility) -> u64 {
+    e.host_observed.max(e.event).max(e.completed)
+}
+
+/// Whether `size` bytes aligned to `align` fit in block `b`.
+#[inline]
+fn fits(b: &Block, size: u64, align: u64) -> bool {
+    align_up(b.offset, align) + size <= b.end()
+}
+
+impl Engine {
+    /// Puts free block `idx` (not in any index) into the index of its tag, creating the
+    /// index on the stream's first free.
+    pub(super) fn insert_free(&mut self, idx: u32) {
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Free);
+        let slot = index_slot(b.tagged, b.stream);
+        let (size, tagged) = (b.size, b.tagged);
+        if slot >= self.indexes.len() {
+            self.indexes.resize_with(slot + 1, || None);
+        }
+        let ix = self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
+        ix.insert(&mut self.slab.blocks, idx, self.unit_shift);
+        self.stats.free_bytes += size;
+        if tagged {
+            self.stats.pending_bytes += size;
+        }
+    }
+
+    /// Takes free block `idx` out of its index.
+    pub(super) fn remove_free(&mut self, idx: u32) {
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Free);
+        let slot = index_slot(b.tagged, b.stream);
+        let (size, tagged) = (b.size, b.tagged);
+        let ix = self.indexes[slot]
+            .as_mut()
+            .expect("a free block's index exists");
+        ix.remove(&mut self.slab.blocks, idx, self.unit_shift);
+        self.stats.free_bytes -= size;
+        if tagged {
+            self.stats.pending_bytes -= size;
+        }
+    }
+
+    /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
+    #[inline]
+    pub(super) fn mergeable(&self, a: u32, b: u32) -> bool {
+        let (a, b) = (&self.slab.blocks[a as usize], &self.slab.blocks[b as usize]);
+        a.kind == Kind::Free
+            && b.kind == Kind::Free
+            && (!a.tagged || !b.tagged || a.stream == b.stream)
+    }
+
+    /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
+    /// untagged takes the other's tag).
+    #[inline]
+    fn combine_tag(&mut self, into: u32, other: u32) {
+        let o = self.slab.blocks[other as usize];
+        let b = &mut self.slab.blocks[into as usize];
+        if o.tagged {
+            if b.tagged {
+                debug_assert_eq!(b.stream, o.stream);
+                b.pos = b.pos.max(o.pos);
+            } else {
+                b.tagged = true;
+                b.stream = o.stream;
+                b.pos = o.pos;
+            }
+        }
+    }
+
+    /// Coalesces free block `idx` (not in any index) with mergeable neighbours and indexes
+    /// the result, which is returned.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    pub(super) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
+        let mut idx = idx;
+        let p = self.slab.blocks[idx as usize].prev;
+        if p != NIL && self.mergeable(p, idx) {
+            self.remove_free(p);
+            self.combine_tag(p, idx);
+            self.slab.absorb_next(p, idx);
+            idx = p;
+        }
+        let n = self.slab.blocks[idx as usize].next;
+        if n != NIL && self.mergeable(idx, n) {
+            self.remove_free(n);
+            self.combine_tag(idx, n);
+            self.slab.absorb_next(idx, n);
+        }
+        self.insert_free(idx);
+        idx
+    }
+
+    /// Turns `[start, start + size)` of free block `idx` (in no index) into a live block for
+    /// a request with alignment `align`; the rest on either side stays free with the same tag
+    /// (coalesced where possible). Updates the statistics and the offset index.
+    pub(super) fn finish_alloc(
+        &mut self,
+        idx: u32,
+        start: u64,
+        size: u64,
+        align: u64,
+        reuse: Option<ReuseKind>,
+        dependency: Option<FreeTag>,
+    ) -> Allocation {
+        let b = self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Free);
+        debug_assert!(start >= b.offset && start + size <= b.end());
+        debug_assert_eq!(start % align, 0);
+        let mut mid = idx;
+        let front = if start > b.offset {
+            mid = self.slab.split(idx, start);
+            Some(idx)
+        } else {
+            None
+        };
+        let tail = if self.slab.blocks[mid as usize].size > size {
+            Some(self.slab.split(mid, start + size))
+        } else {
+            None
+        };
+        let generation = {
+            let m = &mut self.slab.blocks[mid as usize];
+            m.kind = Kind::Live;
+            m.tagged = false;
+            m.stream = 0;
+            m.pos = 0;
+            m.align_log2 = align.trailing_zeros() as u8;
+            m.generation = m.generation.wrapping_add(1);
+            m.generation
+        };
+        if let Some(f) = front {
+            self.insert_free_coalesce(f);
+        }
+        if let Some(t) = tail {
+            self.insert_free_coalesce(t);
+        }
+        let s = &mut self.stats;
+        s.used += size;
+        s.used_high = s.used_high.max(s.used);
+        s.live_blocks += 1;
+        s.live_blocks_high = s.live_blocks_high.max(s.live_blocks);
+        s.allocs += 1;
+        match reuse {
+            None => s.fresh_allocs += 1,
+            Some(k) => s.reuses[k.index()] += 1,
+        }
+        if let Some(map) = &mut self.live_index {
+            map.insert(start, mid);
+        }
+        Allocation {
+            block: BlockId::new(mid, generation),
+            offset: start,
+            size,
+            reuse,
+            dependency,
+        }
+    }
+
+    /// [`Engine::finish_alloc`] from an indexed free block, at its first aligned offset.
+    pub(super) fn commit_cached(
+        &mut self,
+        idx: u32,
+        size: u64,
+        align: u64,
+        reuse: Option<ReuseKind>,
+        dependency: Option<FreeTag>,
+    ) -> Allocation {
+        self.remove_free(idx);
+        let start = align_up(self.slab.blocks[idx as usize].offset, align);
+        self.finish_alloc(idx, start, size, align, reuse, dependency)
+    }
+
+    /// Under which rule free block `b` may serve stream `stream`: `Some(None)` for untagged
+    /// (fresh) memory, `Some(Some(kind))` for a reuse, `None` when not eligible (rule 4 is
+    /// not considered).
+    pub(super) fn eligible_kind(
+        &self,
+        b: &Block,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Option<ReuseKind>> {
+        if !b.tagged {
+            Some(None)
+        } else if b.stream == stream {
+            Some(Some(ReuseKind::SameStream))
+        } else {
+            kind_for(b.pos, &order.eligibility(b.stream)).map(Some)
+        }
+    }
+
+    /// Searches free index `slot` for a block that fits `size` aligned to `align` and, if
+    /// `bound` is given, was freed at a `pos < bound`.
+    ///
+    /// First scans the request's own size class (at most [`OWN_CLASS_SCAN`] blocks, best fit,
+    /// stopping at an exact fit); then takes the first acceptable block of the first
+    /// non-empty class whose every member fits, examining at most `budget` blocks.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(OWN_CLASS_SCAN + budget); O(OWN_CLASS_SCAN) without `bound`.
+    fn search(
+        &self,
+        slot: usize,
+        size: u64,
+        align: u64,
+        bound: Option<u64>,
+        budget: usize,
+    ) -> Option<u32> {
+        let ix = self.indexes.get(slot)?.as_deref()?;
+        if ix.count == 0 {
+            return None;
+        }
+        let blocks = &self.slab.blocks;
+        let ok = |b: &Block| bound.is_none_or(|bound| b.pos < bound);
+        let units = size >> self.unit_shift;
+        let (fl, sl) = class_of(units);
+        let mut cur = ix.head(fl, sl);
+        let mut seen = 0;
+        let (mut best, mut best_size) = (NIL, u64::MAX);
+        while cur != NIL && seen < OWN_CLASS_SCAN {
+            let b = &blocks[cur as usize];
+            seen += 1;
+            if b.size < best_size && ok(b) && fits(b, size, align) {
+                best = cur;
+                best_size = b.size;
+                if b.size == size {
+                    break;
+                }
+            }
+            cur = b.next_free;
+        }
+        if best != NIL {
+            return Some(best);
+        }
+        let pad = align.saturating_sub(self.cfg.alignment);
+        let need_units = size.checked_add(pad)? >> self.unit_shift;
+        let (mut fl, mut sl) = class_at_least(need_units)?;
+        let mut examined = 0usize;
+        loop {
+            let (f, s) = ix.first_at_or_above(fl, sl)?;
+            let mut cur = ix.head(f, s);
+            while cur != NIL {
+                if examined >= budget {
+                    return None;
+                }
+                examined += 1;
+                let b = &blocks[cur as usize];
+                if ok(b) {
+                    debug_assert!(fits(b, size, align));
+                    return Some(cur);
+                }
+                cur = b.next_free;
+            }
+            if s + 1 < SL {
+                (fl, sl) = (f, s + 1);
+            } else {
+                (fl, sl) = (f + 1, 0);
+            }
+        }
+    }
+
+    /// Steps 1 and 2 of the search order: the requesting stream's own and untagged blocks,
+    /// then other streams' eligible blocks. Returns the block and the reuse rule.
+    pub(super) fn find_cached(
+        &self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<(u32, Option<ReuseKind>)> {
+        let own_slot = index_slot(true, stream);
+        let own = self.search(own_slot, size, align, None, usize::MAX);
+        let fresh = self.search(0, size, align, None, usize::MAX);
+        let size_of = |i: u32| self.slab.blocks[i as usize].size;
+        match (own, fresh) {
+            (Some(o), Some(f)) if size_of(f) < size_of(o) => return Some((f, None)),
+            (Some(o), _) => return Some((o, Some(ReuseKind::SameStream))),
+            (None, Some(f)) => return Some((f, None)),
+            (None, None) => {}
+        }
+        let mut best: Option<(u32, u64, ReuseKind)> = None;
+        for slot in 1..self.indexes.len() {
+            if slot == own_slot {
+                continue;
+            }
+            let Some(ix) = self.indexes[slot].as_deref() else {
+                continue;
+            };
+            if ix.count == 0 {
+                continue;
+            }
+            let s = (slot - 1) as StreamSlot;
+            let e = order.eligibility(s);
+            let bound = bound_of(&e);
+            if bound == 0 {
+                continue;
+            }
+            let found = if bound > ix.max_pos {
+                self.search(slot, size, align, None, usize::MAX)
+            } else {
+                self.search(slot, size, align, Some(bound), CROSS_STREAM_BUDGET)
+            };
+            if let Some(i) = found {
+                let b = &self.slab.blocks[i as usize];
+                let kind = kind_for(b.pos, &e).expect("searched under the bound");
+                if best.is_none_or(|(_, sz, _)| b.size < sz) {
+                    best = Some((i, b.size, kind));
+                }
+            }
+        }
+        best.map(|(i, _, k)| (i, Some(k)))
+    }
+
+    /// Step 4: best fit among other streams' blocks regardless of eligibility.
+    pub(super) fn find_internal_dependency(
+        &self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+    ) -> Option<(u32, FreeTag)> {
+        let own_slot = index_slot(true, stream);
+        let mut best: Option<(u32, u64)> = None;
+        for slot in 1..self.indexes.len() {
+            if slot == own_slot {
+                continue;
+            }
+            if let Some(i) = self.search(slot, size, align, None, CROSS_STREAM_BUDGET) {
+                let sz = self.slab.blocks[i as usize].size;
+                if best.is_none_or(|(_, b)| sz < b) {
+                    best = Some((i, sz));
+                }
+            }
+        }
+        best.map(|(i, _)| {
+            let b = &self.slab.blocks[i as usize];
+            (
+                i,
+                FreeTag {
+                    stream: b.stream,
+                    pos: b.pos,
+                },
+            )
+        })
+    }
+
+    /// Visits every block of free index `slot`.
+    fn for_each_in_index(&self, slot: usize, mut f: impl FnMut(&Block)) {
+        let Some(ix) = self.indexes.get(slot).and_then(|i| i.as_deref()) else {
+            return;
+        };
+        let (mut fl, mut sl) = (0, 0);
+        while let Some((f_, s_)) = ix.first_at_or_above(fl, sl) {
+            let mut cur = ix.head(f_, s_);
+            while cur != NIL {
+                let b = &self.slab.blocks[cur as usize];
+                f(b);
+                cur = b.next_free;
+            }
+            if s_ + 1 < SL {
+                (fl, sl) = (f_, s_ + 1);
+            } else {
+                (fl, sl) = (f_ + 1, 0);
+            }
+        }
+    }
+
+    /// The exact largest free block: the maximum over each index's highest non-empty class.
+    pub(super) fn largest_free_block(&self) -> u64 {
+        let mut largest = 0;
+        for ix in self.indexes.iter().flatten() {
+            if let Some((fl, sl)) = ix.highest() {
+                let mut cur = ix.head(fl, sl);
+                while cur != NIL {
+                    let b = &self.slab.blocks[cur as usize];
+                    largest = largest.max(b.size);
+                    cur = b.next_free;
+                }
+            }
+        }
+        largest
+    }
+
+    /// The out-of-memory report for a request of `stream`.
+    pub(super) fn oom_info(
+        &self,
+        requested: u64,
+        rounded: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> OomInfo {
+        let own_slot = index_slot(true, stream);
+        let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
+        let mut pending_bytes = 0;
+        for slot in 1..self.indexes.len() {
+            if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.count == 0) {
+                continue;
+            }
+            let s = (slot - 1) as StreamSlot;
+            let bound = bound_of(&order.eligibility(s));
+            let (mut bytes, mut max_pos) = (0, 0);
+            self.for_each_in_index(slot, |b| {
+                if b.pos >= bound {
+                    bytes += b.size;
+                    max_pos = max_pos.max(b.pos);
+                }
+            });
+            if bytes > 0 {
+                pending_bytes += bytes;
+                pending.push(PendingFrees {
+                    stream: s,
+                    bytes,
+                    max_pos,
+                });
+            }
+        }
+        OomInfo {
+            requested,
+            rounded,
+            used: self.stats.used,
+            reserved: self.stats.reserved,
+            max: self.cfg.range_size,
+            largest_free_block: self.largest_free_block(),
+            pending_bytes,
+            pending,
+        }
+    }
+}

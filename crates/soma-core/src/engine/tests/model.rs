@@ -1,0 +1,1 @@
+//! Shadow-model property test.
