@@ -1,0 +1,115 @@
+//! Events: markers recorded on streams, the pool's source of cross-stream ordering.
+
+use parking_lot::Mutex;
+
+use crate::clock::VectorClock;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::hal::EventHal;
+use crate::stream::Stream;
+
+/// An event of a device.
+///
+/// Recording it on a stream captures the stream's position and everything the stream was
+/// ordered after (a vector clock); a stream that waits on it inherits that knowledge, so the
+/// pool can reuse memory along chains of streams (s1 → s2 → s3).
+pub struct Event<'d> {
+    device: &'d Device,
+    hal: Box<dyn EventHal>,
+    /// Clock of the latest record; the lock also orders record against wait, so a waiter
+    /// never learns a clock newer than the record its wait covers.
+    recorded: Mutex<Option<VectorClock>>,
+}
+
+impl<'d> Event<'d> {
+    pub(crate) fn new(device: &'d Device) -> Result<Self> {
+        Ok(Event { device, hal: device.hal().create_event()?, recorded: Mutex::new(None) })
+    }
+
+    /// The device this event belongs to.
+    pub fn device(&self) -> &'d Device {
+        self.device
+    }
+
+    /// The backend event.
+    pub fn hal(&self) -> &dyn EventHal {
+        &*self.hal
+    }
+
+    pub(crate) fn record_on(&self, stream: &Stream<'_>) -> Result<()> {
+        let mut recorded = self.recorded.lock();
+        let clock = stream.record_raw(&*self.hal)?;
+        *recorded = Some(clock);
+        Ok(())
+    }
+
+    /// Enqueues the wait on `stream`; returns the clock the wait covers.
+    pub(crate) fn wait_on(&self, stream: &Stream<'_>) -> Result<Option<VectorClock>> {
+        let recorded = self.recorded.lock();
+        stream.wait_raw(&*self.hal)?;
+        Ok(recorded.clone())
+    }
+
+    /// Whether the latest record has completed (`true` if never recorded).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn query(&self) -> Result<bool> {
+        let clock = self.recorded.lock().clone();
+        let done = self.hal.query()?;
+        if done {
+            if let Some(clock) = clock {
+                self.observe(&clock);
+            }
+        }
+        Ok(done)
+    }
+
+    /// Blocks until the latest record has completed, then applies the release threshold of
+    /// the device's pools. Frees ordered before the record become reusable by every stream.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn synchronize(&self) -> Result<()> {
+        let clock = self.recorded.lock().clone();
+        self.hal.synchronize()?;
+        if let Some(clock) = clock {
+            self.observe(&clock);
+        }
+        self.device.shared.after_host_sync();
+        Ok(())
+    }
+
+    fn observe(&self, clock: &VectorClock) {
+        for &(slot, pos) in clock.entries() {
+            // Frees strictly before the record are covered (an event recorded before a free
+            // gives no right to it).
+            self.device.shared.observe(slot, pos);
+        }
+    }
+
+    /// Milliseconds between this event's record and `end`'s record.
+    ///
+    /// # Errors
+    /// Either event not recorded or not complete, or events of different devices.
+    pub fn elapsed_ms(&self, end: &Event<'_>) -> Result<f32> {
+        if !self.device.same_as(end.device) {
+            return Err(Error::WrongDevice("events of different devices".into()));
+        }
+        Ok(self.hal.elapsed_ms(&*end.hal)?)
+    }
+}
+
+/// Milliseconds between the records of `start` and `end` (`aclrtEventElapsedTime`).
+///
+/// # Errors
+/// As [`Event::elapsed_ms`].
+pub fn elapsed_ms(start: &Event<'_>, end: &Event<'_>) -> Result<f32> {
+    start.elapsed_ms(end)
+}
+
+impl std::fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").field("recorded", &self.recorded.lock().is_some()).finish()
+    }
+}

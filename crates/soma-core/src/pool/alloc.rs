@@ -1,0 +1,220 @@
+//! `PoolAlloc`: an RAII allocation freed onto its stream.
+
+use std::marker::PhantomData;
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::{MemPool, PoolCore};
+use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
+use crate::device::Device;
+use crate::engine::{BlockId, StreamSlot};
+use crate::error::Result;
+use crate::hal::DevicePtr;
+use crate::stream::Stream;
+
+/// An allocation from a [`MemPool`], usable on its stream and freed onto it when dropped.
+///
+/// It borrows both the pool and the stream, so it cannot outlive either: freeing onto a
+/// stream that no longer exists does not compile.
+///
+/// ```compile_fail
+/// # fn f(dev: &soma_core::Device, pool: &soma_core::MemPool<'_>) -> soma_core::Result<()> {
+/// let x = {
+///     let s = dev.create_stream()?;
+///     pool.alloc_async::<f32>(16, &s)?
+/// }; // error: `s` dropped here while still borrowed
+/// # drop(x); Ok(()) }
+/// ```
+///
+/// Using it on another stream through [`Stream`]'s copy and kernel APIs records that use
+/// (like PyTorch's `record_stream`, but automatic): the free then waits for those streams.
+/// [`hand_off`](Self::hand_off) moves it to another stream for good.
+pub struct PoolAlloc<'s, T> {
+    pool: &'s MemPool<'s>,
+    stream: &'s Stream<'s>,
+    block: BlockId,
+    ptr: DevicePtr,
+    len: usize,
+    /// Other streams that used the block since it was allocated.
+    uses: Mutex<SmallVec<[StreamSlot; 2]>>,
+    /// False once freed or handed off (then `Drop` does nothing).
+    live: bool,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
+    pub(crate) fn new(
+        pool: &'s MemPool<'s>,
+        stream: &'s Stream<'s>,
+        block: BlockId,
+        ptr: DevicePtr,
+        len: usize,
+    ) -> Self {
+        PoolAlloc {
+            pool,
+            stream,
+            block,
+            ptr,
+            len,
+            uses: Mutex::new(SmallVec::new()),
+            live: true,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The stream the allocation is freed onto.
+    pub fn stream(&self) -> &'s Stream<'s> {
+        self.stream
+    }
+
+    /// The pool it came from.
+    pub fn pool(&self) -> &'s MemPool<'s> {
+        self.pool
+    }
+
+    /// Frees the allocation onto its stream now, reporting failures (`Drop` cannot).
+    ///
+    /// # Errors
+    /// Backend failures while ordering the free after other streams' uses.
+    pub fn free(mut self) -> Result<()> {
+        self.live = false;
+        self.release()
+    }
+
+    fn release(&self) -> Result<()> {
+        let uses = std::mem::take(&mut *self.uses.lock());
+        self.pool.core().free_block(&self.pool.device().shared, self.block, self.stream, &uses)
+    }
+
+    /// Moves the allocation to stream `to`: records an event on its current stream and makes
+    /// `to` wait on it, so that `to` may use it and will free it.
+    ///
+    /// # Errors
+    /// Backend failures (the allocation is then freed onto its original stream) or a stream
+    /// of another device.
+    pub fn hand_off<'o>(mut self, to: &'o Stream<'o>) -> Result<PoolAlloc<'o, T>>
+    where
+        's: 'o,
+    {
+        to.check_device(self.pool.device(), "hand_off: the target stream")?;
+        let event = self.stream.record_event()?;
+        to.wait_event(&event)?;
+        self.live = false;
+        let mut uses = std::mem::take(&mut *self.uses.lock());
+        uses.retain(|s| *s != to.slot());
+        Ok(PoolAlloc {
+            pool: self.pool,
+            stream: to,
+            block: self.block,
+            ptr: self.ptr,
+            len: self.len,
+            uses: Mutex::new(uses),
+            live: true,
+            _elem: PhantomData,
+        })
+    }
+}
+
+impl<T> PoolAlloc<'_, T> {
+    /// First byte on the device (changes only through [`MemPool::compact`]).
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation has no elements (never: size 0 is rejected).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes as requested (the block is rounded up to the pool's alignment).
+    pub fn byte_len(&self) -> u64 {
+        self.byte_len_internal()
+    }
+
+    pub(crate) fn pool_core(&self) -> &PoolCore {
+        self.pool.core()
+    }
+
+    pub(crate) fn stream_slot(&self) -> StreamSlot {
+        self.stream.slot()
+    }
+
+    pub(crate) fn block(&self) -> BlockId {
+        self.block
+    }
+
+    pub(crate) fn byte_len_internal(&self) -> u64 {
+        (self.len * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Points the allocation at a new block; returns the old block and its recorded uses.
+    pub(crate) fn relocate(
+        &mut self,
+        block: BlockId,
+        ptr: DevicePtr,
+    ) -> (BlockId, SmallVec<[StreamSlot; 2]>) {
+        let old = std::mem::replace(&mut self.block, block);
+        self.ptr = ptr;
+        (old, std::mem::take(&mut *self.uses.lock()))
+    }
+}
+
+impl<T> Drop for PoolAlloc<'_, T> {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let uses = std::mem::take(&mut *self.uses.lock());
+        let result =
+            self.pool.core().free_block(&self.pool.device().shared, self.block, self.stream, &uses);
+        if let Err(e) = result {
+            // Never panic, never print: the pool reports it at its next fallible call.
+            self.pool.core().set_sticky(e);
+        }
+    }
+}
+
+impl<T> Sealed for PoolAlloc<'_, T> {}
+
+impl<T> BufferOwner for PoolAlloc<'_, T> {
+    fn device(&self) -> &Device {
+        self.pool.device()
+    }
+
+    fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
+        if stream.slot() != self.stream.slot() {
+            let mut uses = self.uses.lock();
+            if !uses.contains(&stream.slot()) {
+                uses.push(stream.slot());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: bytemuck::Pod + Send + Sync> DeviceBuffer for PoolAlloc<'_, T> {
+    type Elem = T;
+    fn device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<T> std::fmt::Debug for PoolAlloc<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolAlloc")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("elem", &std::any::type_name::<T>())
+            .field("stream", &self.stream.id())
+            .finish()
+    }
+}

@@ -1,0 +1,830 @@
+//! The stream-ordered memory pool: [`MemPool`], its builder, attributes and statistics.
+
+mod alloc;
+pub mod attr;
+mod stats;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use alloc::PoolAlloc;
+pub use stats::{PoolStats, ReuseCounts};
+
+use crate::buffer::bytes_for;
+use crate::device::{Device, DeviceShared};
+use crate::engine::{
+    AllocError, Allocation, Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig,
+    EngineStats, FreeTag, StreamOrder, StreamSlot,
+};
+use crate::error::{Error, OutOfMemory, Result};
+use crate::hal::{DeviceHal, DevicePtr, PhysicalHandle};
+use crate::stream::Stream;
+
+pub(crate) const FOLLOW_EVENT_DEPENDENCIES: u32 = 1 << 0;
+pub(crate) const OPPORTUNISTIC: u32 = 1 << 1;
+pub(crate) const INTERNAL_DEPENDENCIES: u32 = 1 << 2;
+
+/// Which cross-stream reuse rules a pool applies (same-stream reuse is always on).
+///
+/// See `docs/semantics.md` for the rules; the switches are the C API's attributes 0x1–0x3.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReusePolicy {
+    /// Rule 2: reuse a block freed on stream S on stream T when T waited on an event recorded
+    /// on S after the free (directly or through a chain of streams).
+    pub follow_event_dependencies: bool,
+    /// Rule 3: reuse a block whose free has already completed on the device.
+    pub opportunistic: bool,
+    /// Rule 4: reuse another stream's block by inserting an event dependency.
+    pub internal_dependencies: bool,
+}
+
+impl ReusePolicy {
+    /// All cross-stream rules off: what CANN's C API starts with.
+    pub const NONE: ReusePolicy = ReusePolicy {
+        follow_event_dependencies: false,
+        opportunistic: false,
+        internal_dependencies: false,
+    };
+
+    /// All cross-stream rules on.
+    pub const ALL: ReusePolicy = ReusePolicy {
+        follow_event_dependencies: true,
+        opportunistic: true,
+        internal_dependencies: true,
+    };
+
+    /// A policy from the three switches.
+    pub const fn new(
+        follow_event_dependencies: bool,
+        opportunistic: bool,
+        internal_dependencies: bool,
+    ) -> Self {
+        ReusePolicy { follow_event_dependencies, opportunistic, internal_dependencies }
+    }
+
+    fn bits(self) -> u32 {
+        let bit = |on: bool, bit: u32| if on { bit } else { 0 };
+        bit(self.follow_event_dependencies, FOLLOW_EVENT_DEPENDENCIES)
+            | bit(self.opportunistic, OPPORTUNISTIC)
+            | bit(self.internal_dependencies, INTERNAL_DEPENDENCIES)
+    }
+
+    fn from_bits(bits: u32) -> Self {
+        ReusePolicy {
+            follow_event_dependencies: bits & FOLLOW_EVENT_DEPENDENCIES != 0,
+            opportunistic: bits & OPPORTUNISTIC != 0,
+            internal_dependencies: bits & INTERNAL_DEPENDENCIES != 0,
+        }
+    }
+}
+
+impl Default for ReusePolicy {
+    /// The Rust default: follow event dependencies and opportunistic reuse on (both free of
+    /// hidden synchronisation), internal dependencies off (they add waits the program did not
+    /// ask for).
+    fn default() -> Self {
+        ReusePolicy {
+            follow_event_dependencies: true,
+            opportunistic: true,
+            internal_dependencies: false,
+        }
+    }
+}
+
+/// Builds a [`MemPool`]; invalid combinations are rejected by [`build`](Self::build).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct MemPoolBuilder {
+    max_size: u64,
+    release_threshold: Option<u64>,
+    reuse: ReusePolicy,
+    alignment: u64,
+    index_by_offset: bool,
+}
+
+impl Default for MemPoolBuilder {
+    fn default() -> Self {
+        MemPoolBuilder {
+            max_size: 0,
+            release_threshold: None,
+            reuse: ReusePolicy::default(),
+            alignment: 512,
+            index_by_offset: false,
+        }
+    }
+}
+
+impl MemPoolBuilder {
+    /// Most physical memory the pool may hold, rounded up to the device granularity; `0`
+    /// (the default) means the device's total memory.
+    pub fn max_size(mut self, bytes: u64) -> Self {
+        self.max_size = bytes;
+        self
+    }
+
+    /// Reserved bytes kept at a synchronisation. Default: the max size (keep everything
+    /// cached — an inference engine should not lose its cache at every synchronize).
+    pub fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// Cross-stream reuse rules. Default: [`ReusePolicy::default`].
+    pub fn reuse(mut self, policy: ReusePolicy) -> Self {
+        self.reuse = policy;
+        self
+    }
+
+    /// Alignment of every block: a power of two ≥ 32, at most the granularity. Default 512.
+    pub fn alignment(mut self, bytes: u64) -> Self {
+        self.alignment = bytes;
+        self
+    }
+
+    /// CANN's C API defaults: every cross-stream reuse switch off, release threshold 0
+    /// (cached memory is released at every synchronisation).
+    pub fn cann_defaults(mut self) -> Self {
+        self.reuse = ReusePolicy::NONE;
+        self.release_threshold = Some(0);
+        self
+    }
+
+    /// Keeps an address index so that [`MemPool::free_raw`] can free by pointer (the C API
+    /// path); costs a hash-map update per allocation and free.
+    pub fn raw_pointers(mut self, on: bool) -> Self {
+        self.index_by_offset = on;
+        self
+    }
+
+    /// Creates the pool on `device`: reserves its virtual range, maps nothing yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad alignment, a max size above device memory or a
+    /// threshold above the max size; backend failures.
+    pub fn build(self, device: &Device) -> Result<MemPool<'_>> {
+        let info = device.info();
+        let granularity = info.granularity;
+        let total = info.total_memory / granularity * granularity;
+        if !self.alignment.is_power_of_two() || self.alignment < 32 {
+            return Err(Error::InvalidConfig(format!(
+                "alignment {} is not a power of two >= 32",
+                self.alignment
+            )));
+        }
+        if self.alignment > granularity {
+            return Err(Error::InvalidConfig(format!(
+                "alignment {} exceeds the device granularity {granularity}",
+                self.alignment
+            )));
+        }
+        let max_size = if self.max_size == 0 {
+            total
+        } else {
+            self.max_size.checked_next_multiple_of(granularity).ok_or_else(|| {
+                Error::InvalidConfig(format!("max_size {} overflows", self.max_size))
+            })?
+        };
+        if max_size > total || max_size == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "max_size {max_size} (rounded to the {granularity}-byte granularity) exceeds device memory {total}"
+            )));
+        }
+        let threshold = self.release_threshold.unwrap_or(max_size);
+        if threshold > max_size {
+            return Err(Error::InvalidConfig(format!(
+                "release threshold {threshold} exceeds max_size {max_size}"
+            )));
+        }
+        let engine = Engine::new(EngineConfig {
+            range_size: max_size,
+            granularity,
+            alignment: self.alignment,
+            index_by_offset: self.index_by_offset,
+        })
+        .map_err(Error::InvalidConfig)?;
+        let hal = Arc::clone(device.hal());
+        let base = hal.reserve(max_size)?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let core = Arc::new(PoolCore {
+            hal,
+            base,
+            max_size,
+            alignment: self.alignment,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            reuse: AtomicU32::new(self.reuse.bits()),
+            release_threshold: AtomicU64::new(threshold),
+            torn_down: AtomicBool::new(false),
+            inner: Mutex::new(PoolInner { engine, sticky: None, oom_retries: 0, ooms: 0 }),
+        });
+        device.shared.register_pool(&core);
+        Ok(MemPool { device, core })
+    }
+}
+
+pub(crate) struct PoolInner {
+    pub(crate) engine: Engine,
+    /// An error from a `Drop` that could not be reported; returned by the next fallible call.
+    sticky: Option<Error>,
+    oom_retries: u64,
+    /// Allocations that failed with out of memory (after the retry, if any).
+    ooms: u64,
+}
+
+/// The shared part of a pool (also reachable from the device, for release at synchronize).
+pub(crate) struct PoolCore {
+    hal: Arc<dyn DeviceHal>,
+    base: DevicePtr,
+    max_size: u64,
+    alignment: u64,
+    id: u64,
+    reuse: AtomicU32,
+    release_threshold: AtomicU64,
+    torn_down: AtomicBool,
+    pub(crate) inner: Mutex<PoolInner>,
+}
+
+/// Maps the engine's offsets onto the device: one physical allocation per mapped run.
+struct HalBacking<'a> {
+    hal: &'a dyn DeviceHal,
+    base: DevicePtr,
+}
+
+impl Backing for HalBacking<'_> {
+    fn map(&mut self, offset: u64, size: u64) -> std::result::Result<u64, BackingError> {
+        let va = self
+            .base
+            .checked_add(offset)
+            .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+        let handle = self.hal.alloc_physical(size).map_err(map_backing_error)?;
+        if let Err(e) = self.hal.map(va, handle) {
+            // The physical allocation is ours alone; give it back before reporting.
+            let _ = self.hal.free_physical(handle);
+            return Err(map_backing_error(e));
+        }
+        Ok(handle.0)
+    }
+
+    fn unmap(
+        &mut self,
+        offset: u64,
+        _size: u64,
+        token: u64,
+    ) -> std::result::Result<(), BackingError> {
+        let va = self
+            .base
+            .checked_add(offset)
+            .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+        let handle = self.hal.unmap(va).map_err(map_backing_error)?;
+        debug_assert_eq!(handle, PhysicalHandle(token));
+        self.hal.free_physical(handle).map_err(map_backing_error)
+    }
+}
+
+/// Maps driver errors of the physical side: `OutOfMemory` stays OOM (the engine may recycle
+/// and retry); everything else is a failure carried as text.
+fn map_backing_error(e: crate::hal::DriverError) -> BackingError {
+    match e {
+        crate::hal::DriverError::OutOfMemory { .. } => BackingError::OutOfMemory,
+        other => BackingError::Failed(other.to_string()),
+    }
+}
+
+/// The stream-order knowledge the engine consults for one request (or release).
+struct Order<'a> {
+    device: &'a DeviceShared,
+    requester: Option<&'a Stream<'a>>,
+    reuse: u32,
+}
+
+impl StreamOrder for Order<'_> {
+    fn eligibility(&self, s: StreamSlot) -> Eligibility {
+        let host_observed = self.device.slot(s).observed.load(Ordering::Acquire);
+        let event = match self.requester {
+            Some(t) if self.reuse & FOLLOW_EVENT_DEPENDENCIES != 0 => t.clock().get(s),
+            _ => 0,
+        };
+        let completed = if self.reuse & OPPORTUNISTIC != 0 {
+            self.device.live_stream(s).map_or(0, |l| l.completed() + 1)
+        } else {
+            0
+        };
+        Eligibility { host_observed, event, completed }
+    }
+
+    fn internal_dependencies(&self) -> bool {
+        self.requester.is_some() && self.reuse & INTERNAL_DEPENDENCIES != 0
+    }
+
+    fn is_complete(&self, tag: FreeTag) -> bool {
+        if tag.pos < self.device.slot(tag.stream).observed.load(Ordering::Acquire) {
+            return true;
+        }
+        self.device.live_stream(tag.stream).is_some_and(|l| tag.pos <= l.completed())
+    }
+}
+
+impl PoolCore {
+    fn reuse_policy(&self) -> ReusePolicy {
+        ReusePolicy::from_bits(self.reuse.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn reuse_flag(&self, bit: u32) -> bool {
+        self.reuse.load(Ordering::Relaxed) & bit != 0
+    }
+
+    pub(crate) fn set_reuse_flag(&self, bit: u32, on: bool) {
+        if on {
+            self.reuse.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.reuse.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn release_threshold(&self) -> u64 {
+        self.release_threshold.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        if bytes > self.max_size {
+            return Err(Error::InvalidArgument(format!(
+                "release threshold {bytes} exceeds the pool's max size {}",
+                self.max_size
+            )));
+        }
+        self.release_threshold.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn engine_stats(&self) -> EngineStats {
+        self.inner.lock().engine.stats()
+    }
+
+    pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        f(&mut self.inner.lock().engine)
+    }
+
+    fn backing(&self) -> HalBacking<'_> {
+        HalBacking { hal: &*self.hal, base: self.base }
+    }
+
+    pub(crate) fn ptr_at(&self, offset: u64) -> DevicePtr {
+        // The engine hands out offsets inside the reserved range, which does not wrap.
+        self.base.checked_add(offset).unwrap_or(self.base)
+    }
+
+    /// Releases free memory down to the threshold (called after host synchronisations).
+    pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
+        if self.torn_down.load(Ordering::Acquire) {
+            return;
+        }
+        let threshold = self.release_threshold();
+        let mut inner = self.inner.lock();
+        if inner.engine.reserved() <= threshold {
+            return;
+        }
+        let order = Order { device, requester: None, reuse: 0 };
+        if let Err(e) = inner.engine.release(threshold, &order, &mut self.backing()) {
+            inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
+                code: -1,
+                message: format!("releasing memory at the threshold failed: {e:?}"),
+            }));
+        }
+    }
+
+    pub(crate) fn set_sticky(&self, error: Error) {
+        self.inner.lock().sticky.get_or_insert(error);
+    }
+
+    /// Allocates `bytes` for `stream` (rounded to the pool's alignment), waiting for other
+    /// streams' pending frees and retrying once before reporting out of memory.
+    pub(crate) fn allocate(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+    ) -> Result<Allocation> {
+        let order =
+            Order { device, requester: Some(stream), reuse: self.reuse.load(Ordering::Relaxed) };
+        let first = {
+            let mut inner = self.inner.lock();
+            if let Some(e) = inner.sticky.take() {
+                return Err(e);
+            }
+            inner.engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut self.backing())
+        };
+        let allocation = match first {
+            Ok(a) => a,
+            Err(AllocError::OutOfMemory(info)) if !info.pending.is_empty() => {
+                // Wait (without the pool lock) for the streams holding pending frees, then
+                // retry once: their blocks become host-observed and reusable here.
+                let mut waited = false;
+                for pending in &info.pending {
+                    if let Some(live) = device.live_stream(pending.stream) {
+                        let enqueued = live.enqueued();
+                        let _ = live.hal.synchronize();
+                        device.observe(pending.stream, enqueued + 1);
+                        waited = true;
+                    }
+                }
+                let retry = {
+                    let mut inner = self.inner.lock();
+                    inner.oom_retries += 1;
+                    let order = Order {
+                        device,
+                        requester: Some(stream),
+                        reuse: self.reuse.load(Ordering::Relaxed),
+                    };
+                    inner.engine.alloc(
+                        bytes,
+                        self.alignment,
+                        stream.slot(),
+                        &order,
+                        &mut self.backing(),
+                    )
+                };
+                match retry {
+                    Ok(a) => a,
+                    Err(e) => return Err(self.alloc_error(e, bytes, stream, waited)),
+                }
+            }
+            Err(e) => return Err(self.alloc_error(e, bytes, stream, false)),
+        };
+        if let Some(tag) = allocation.dependency {
+            if let Err(e) = self.insert_dependency(device, tag, stream) {
+                // Give the block back where it came from: its original tag keeps it safe.
+                let _ = self.inner.lock().engine.free(allocation.block, tag);
+                return Err(e);
+            }
+        }
+        Ok(allocation)
+    }
+
+    /// Rule 4: make `stream` wait on an event recorded on `tag.stream` after the free.
+    fn insert_dependency(
+        &self,
+        device: &DeviceShared,
+        tag: FreeTag,
+        stream: &Stream<'_>,
+    ) -> Result<()> {
+        let Some(source) = device.live_stream(tag.stream) else {
+            // The stream was dropped, so it drained: the free is complete.
+            return Ok(());
+        };
+        let event = self.hal.create_event()?;
+        let pos = source.hal.record(&*event)?;
+        stream.wait_raw(&*event)?;
+        stream.clock().raise(tag.stream, source.base + pos);
+        Ok(())
+    }
+
+    fn alloc_error(&self, e: AllocError, bytes: u64, stream: &Stream<'_>, retried: bool) -> Error {
+        match e {
+            AllocError::InvalidSize(msg) => Error::InvalidSize(msg),
+            AllocError::InvalidAlignment(msg) => Error::InvalidArgument(msg),
+            AllocError::Backing(msg) => Error::Driver(crate::hal::DriverError::Native {
+                code: -1,
+                message: format!("mapping failed: {msg}"),
+            }),
+            AllocError::OutOfMemory(info) => {
+                self.inner.lock().ooms += 1;
+                let mem = self.hal.mem_info().ok();
+                Error::OutOfMemory(Box::new(OutOfMemory {
+                    requested: bytes,
+                    rounded: info.rounded,
+                    stream: stream.id(),
+                    used: info.used,
+                    reserved: info.reserved,
+                    max: info.max,
+                    largest_free_block: info.largest_free_block,
+                    pending_bytes: info.pending_bytes,
+                    device_free: mem.map_or(0, |m| m.free),
+                    device_total: mem.map_or(0, |m| m.total),
+                    retried,
+                    cause: None,
+                }))
+            }
+        }
+    }
+
+    /// Frees `block` onto `stream`, first making `stream` wait for every other stream that
+    /// used the block, so that stream order alone covers all uses.
+    pub(crate) fn free_block(
+        &self,
+        device: &DeviceShared,
+        block: BlockId,
+        stream: &Stream<'_>,
+        other_uses: &[StreamSlot],
+    ) -> Result<()> {
+        for &user in other_uses {
+            if user == stream.slot() {
+                continue;
+            }
+            if let Some(live) = device.live_stream(user) {
+                let event = self.hal.create_event()?;
+                let pos = live.hal.record(&*event)?;
+                stream.wait_raw(&*event)?;
+                stream.clock().raise(user, live.base + pos);
+            }
+        }
+        let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
+        self.inner.lock().engine.free(block, tag).map_err(|e| {
+            Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
+        })
+    }
+}
+
+/// A stream-ordered memory pool on one device.
+///
+/// Allocations are served from a virtual range reserved at creation, backed by physical
+/// memory mapped on demand. A free returns the block to the pool at once, tagged with its
+/// stream's position: the same stream may reuse it immediately (stream order makes that
+/// safe), other streams when a reuse rule proves it safe ([`ReusePolicy`]).
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let npu = soma_sim::Npu::builder().build()?;
+/// # let dev = soma_core::Device::new(npu.device(0)?);
+/// use soma_core::{attr, MemPool};
+/// let s = dev.create_stream()?;
+/// let pool = MemPool::builder().max_size(1 << 30).build(&dev)?;
+/// let mut x = pool.alloc_async::<f32>(1 << 20, &s)?;
+/// s.copy_from_host(&mut x, &vec![1.0; 1 << 20])?;
+/// drop(x); // freed onto `s`, in stream order: no synchronisation
+/// assert_eq!(pool.get::<attr::UsedMemCurrent>()?, 0);
+/// assert!(pool.get::<attr::ReservedMemCurrent>()? >= 4 << 20);
+/// # Ok(()) }
+/// ```
+pub struct MemPool<'d> {
+    device: &'d Device,
+    core: Arc<PoolCore>,
+}
+
+impl<'d> MemPool<'d> {
+    /// A builder with the Rust defaults (see [`MemPoolBuilder`]).
+    pub fn builder() -> MemPoolBuilder {
+        MemPoolBuilder::default()
+    }
+
+    /// The device of the pool.
+    pub fn device(&self) -> &'d Device {
+        self.device
+    }
+
+    /// Maximum physical memory the pool may hold (rounded to the granularity).
+    pub fn max_size(&self) -> u64 {
+        self.core.max_size
+    }
+
+    /// Block alignment.
+    pub fn alignment(&self) -> u64 {
+        self.core.alignment
+    }
+
+    /// The current reuse rules.
+    pub fn reuse_policy(&self) -> ReusePolicy {
+        self.core.reuse_policy()
+    }
+
+    /// Replaces the reuse rules (affects later allocations).
+    pub fn set_reuse_policy(&self, policy: ReusePolicy) {
+        self.core.reuse.store(policy.bits(), Ordering::Relaxed);
+    }
+
+    /// Allocates `len` elements of `T` for use on `stream`.
+    ///
+    /// The memory is usable by work enqueued on `stream` after this call. Its content is
+    /// undefined (a reused block keeps the bytes of its previous owner).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSize`] for 0 or overflowing sizes, [`Error::WrongDevice`] for a stream
+    /// of another device, [`Error::OutOfMemory`] when the pool cannot grow (after waiting for
+    /// pending frees and retrying once), a sticky error from an earlier failed `Drop`.
+    pub fn alloc_async<'s, T: bytemuck::Pod + Send + Sync>(
+        &'s self,
+        len: usize,
+        stream: &'s Stream<'d>,
+    ) -> Result<PoolAlloc<'s, T>> {
+        stream.check_device(self.device, "the pool")?;
+        let bytes = bytes_for::<T>(len)?;
+        let allocation = self.core.allocate(&self.device.shared, bytes, stream)?;
+        Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
+    }
+
+    /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
+    /// freed with [`free_raw`](Self::free_raw) (or it is released when the pool is dropped).
+    ///
+    /// # Errors
+    /// As [`alloc_async`](Self::alloc_async).
+    pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
+        stream.check_device(self.device, "the pool")?;
+        if bytes == 0 {
+            return Err(Error::InvalidSize("size 0".into()));
+        }
+        let a = self.core.allocate(&self.device.shared, bytes, stream)?;
+        Ok((self.core.ptr_at(a.offset), a.size))
+    }
+
+    /// Frees a block from [`alloc_raw`](Self::alloc_raw) onto `stream`, in stream order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a pointer that is not the start of a live raw block of
+    /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
+    pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
+        stream.check_device(self.device, "the pool")?;
+        let block = self.lookup(ptr).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{ptr} is not the start of a live allocation of this pool"
+            ))
+        })?;
+        self.core.free_block(&self.device.shared, block, stream, &[])
+    }
+
+    /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
+    pub fn owns(&self, ptr: DevicePtr) -> Option<u64> {
+        let offset = ptr.offset_from(self.core.base)?;
+        self.core.inner.lock().engine.lookup(offset).map(|(_, size)| size)
+    }
+
+    fn lookup(&self, ptr: DevicePtr) -> Option<BlockId> {
+        let offset = ptr.offset_from(self.core.base)?;
+        self.core.inner.lock().engine.lookup(offset).map(|(b, _)| b)
+    }
+
+    /// Reads an attribute.
+    ///
+    /// # Errors
+    /// A sticky error from an earlier failed `Drop` is reported first.
+    pub fn get<A: attr::Attribute>(&self) -> Result<A::Value> {
+        self.take_sticky()?;
+        Ok(A::get(self))
+    }
+
+    /// Sets an attribute; read-only attributes do not implement [`attr::Settable`].
+    ///
+    /// # Errors
+    /// A value outside the attribute's domain (e.g. a threshold above the max size).
+    pub fn set<A: attr::Settable>(&self, value: A::Value) -> Result<()> {
+        self.take_sticky()?;
+        A::set(self, value)
+    }
+
+    /// Resets a high-water mark to 0 (it then follows the current value again).
+    ///
+    /// # Errors
+    /// A sticky error from an earlier failed `Drop`.
+    pub fn reset<A: attr::Resettable>(&self) -> Result<()> {
+        self.take_sticky()?;
+        A::reset(self);
+        Ok(())
+    }
+
+    fn take_sticky(&self) -> Result<()> {
+        match self.core.inner.lock().sticky.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Releases free memory now, down to `max(bytes, used)`; memory in use, and memory whose
+    /// free has not completed on the device, is never released. Returns the bytes released.
+    ///
+    /// # Errors
+    /// `bytes` above the pool's max size; backend failures (accounting stays exact).
+    pub fn trim_to(&self, bytes: u64) -> Result<u64> {
+        self.take_sticky()?;
+        if bytes > self.core.max_size {
+            return Err(Error::InvalidArgument(format!(
+                "trim_to({bytes}) exceeds the pool's max size {}",
+                self.core.max_size
+            )));
+        }
+        let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
+        let mut inner = self.core.inner.lock();
+        inner.engine.release(bytes, &order, &mut self.core.backing()).map_err(|e| {
+            Error::Driver(crate::hal::DriverError::Native {
+                code: -1,
+                message: format!("unmap failed: {e:?}"),
+            })
+        })
+    }
+
+    /// A consistent snapshot of the pool's counters; O(1).
+    pub fn stats(&self) -> PoolStats {
+        let inner = self.core.inner.lock();
+        PoolStats::from_engine(
+            &inner.engine.stats(),
+            inner.oom_retries,
+            inner.ooms,
+            self.core.max_size,
+        )
+    }
+
+    /// Moves the given allocations of `stream` to the lowest free addresses below them, with
+    /// stream-ordered device-to-device copies, so that the free space they leave coalesces.
+    /// Returns the number of allocations moved. Their [`PoolAlloc::device_ptr`] changes.
+    ///
+    /// # Errors
+    /// An allocation of another pool or stream, backend failures (allocations already moved
+    /// stay moved and valid).
+    pub fn compact<T: bytemuck::Pod + Send + Sync>(
+        &self,
+        stream: &Stream<'_>,
+        allocations: &mut [&mut PoolAlloc<'_, T>],
+    ) -> Result<usize> {
+        self.take_sticky()?;
+        for a in allocations.iter() {
+            if !std::ptr::eq(a.pool_core(), &*self.core) {
+                return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
+            }
+            if a.stream_slot() != stream.slot() || !a.stream().device().same_as(stream.device()) {
+                return Err(Error::InvalidArgument(
+                    "compact: every allocation must belong to the stream".into(),
+                ));
+            }
+        }
+        let mut order_idx: Vec<usize> = (0..allocations.len()).collect();
+        order_idx.sort_by_key(|&i| allocations[i].device_ptr());
+        let mut moved = 0;
+        for i in order_idx {
+            let a = &mut *allocations[i];
+            let order = Order {
+                device: &self.device.shared,
+                requester: Some(stream),
+                reuse: self.core.reuse.load(Ordering::Relaxed),
+            };
+            let target =
+                self.core.inner.lock().engine.relocate_lower(a.block(), stream.slot(), &order);
+            let Some(target) = target else { continue };
+            if let Some(tag) = target.dependency {
+                if let Err(e) = self.core.insert_dependency(&self.device.shared, tag, stream) {
+                    let _ = self.core.inner.lock().engine.free(target.block, tag);
+                    return Err(e);
+                }
+            }
+            let new_ptr = self.core.ptr_at(target.offset);
+            if let Err(e) = stream.hal().copy_d2d(new_ptr, a.device_ptr(), a.byte_len_internal()) {
+                let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
+                let _ = self.core.inner.lock().engine.free(target.block, tag);
+                return Err(e.into());
+            }
+            let old = a.relocate(target.block, new_ptr);
+            self.core.free_block(&self.device.shared, old.0, stream, &old.1)?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    pub(crate) fn core(&self) -> &PoolCore {
+        &self.core
+    }
+}
+
+impl Drop for MemPool<'_> {
+    fn drop(&mut self) {
+        // No allocation is alive (they borrow the pool), but frees may still be in flight on
+        // their streams: wait for those before unmapping.
+        let device = &self.device.shared;
+        let pending: Vec<(StreamSlot, u64)> = {
+            let inner = self.core.inner.lock();
+            let mut v: Vec<(StreamSlot, u64)> = Vec::new();
+            for b in inner.engine.blocks() {
+                if let crate::engine::BlockState::Free(Some(tag)) = b.state {
+                    match v.iter_mut().find(|(s, _)| *s == tag.stream) {
+                        Some(e) => e.1 = e.1.max(tag.pos),
+                        None => v.push((tag.stream, tag.pos)),
+                    }
+                }
+            }
+            v
+        };
+        let order = Order { device, requester: None, reuse: 0 };
+        for (slot, pos) in pending {
+            if !order.is_complete(FreeTag { stream: slot, pos }) {
+                if let Some(live) = device.live_stream(slot) {
+                    let _ = live.hal.synchronize();
+                }
+            }
+        }
+        self.core.torn_down.store(true, Ordering::Release);
+        let mut inner = self.core.inner.lock();
+        // Nothing to report to from a destructor; the device's counters show any leak.
+        let _ = inner.engine.teardown(&mut self.core.backing());
+        drop(inner);
+        let _ = self.core.hal.release(self.core.base);
+    }
+}
+
+impl std::fmt::Debug for MemPool<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemPool")
+            .field("id", &self.core.id)
+            .field("max_size", &self.core.max_size)
+            .field("alignment", &self.core.alignment)
+            .field("reuse", &self.core.reuse_policy())
+            .field("release_threshold", &self.core.release_threshold())
+            .finish()
+    }
+}

@@ -1,0 +1,173 @@
+//! Pool statistics: a plain `Copy` snapshot.
+
+use std::fmt;
+
+use crate::engine::{EngineStats, ReuseKind};
+use crate::error::Bytes;
+
+/// Reuses of cached blocks, by the rule that allowed them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReuseCounts {
+    /// Rule 1: freed on the same stream.
+    pub same_stream: u64,
+    /// Rule 2: ordered after the free through events.
+    pub event_dependency: u64,
+    /// Rule 3: the free had completed.
+    pub opportunistic: u64,
+    /// Rule 4: the pool inserted a dependency.
+    pub internal_dependency: u64,
+    /// The host had observed the free's completion (a synchronize).
+    pub host_synchronized: u64,
+}
+
+impl ReuseCounts {
+    /// Sum over all rules.
+    pub fn total(&self) -> u64 {
+        self.same_stream
+            + self.event_dependency
+            + self.opportunistic
+            + self.internal_dependency
+            + self.host_synchronized
+    }
+}
+
+/// Counters of a pool: current, high-water and cumulative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Bytes in live allocations (rounded sizes).
+    pub used: u64,
+    /// High-water mark of `used` (resettable).
+    pub used_high: u64,
+    /// Physical bytes held (used + cached).
+    pub reserved: u64,
+    /// High-water mark of `reserved` (resettable).
+    pub reserved_high: u64,
+    /// The pool's maximum size.
+    pub max_size: u64,
+    /// Live allocations.
+    pub live_allocations: u64,
+    /// High-water mark of live allocations.
+    pub live_allocations_high: u64,
+    /// Allocations served since creation.
+    pub allocations: u64,
+    /// Frees since creation.
+    pub frees: u64,
+    /// Allocations served from never-used memory.
+    pub fresh_allocations: u64,
+    /// Reuses of cached blocks by rule.
+    pub reuses: ReuseCounts,
+    /// Driver map calls (physical allocation + map).
+    pub map_calls: u64,
+    /// Driver unmap calls (unmap + physical free).
+    pub unmap_calls: u64,
+    /// Mapped runs currently held.
+    pub mapped_segments: u64,
+    /// Bytes mapped since creation.
+    pub bytes_mapped_total: u64,
+    /// Bytes unmapped since creation.
+    pub bytes_unmapped_total: u64,
+    /// Free bytes cached on a stream (not yet reusable by every stream).
+    pub pending_bytes: u64,
+    /// All free mapped bytes.
+    pub free_bytes: u64,
+    /// Largest free block.
+    pub largest_free_block: u64,
+    /// Allocations that failed with out of memory (each counted once, after its retry).
+    pub ooms: u64,
+    /// Times the pool waited for pending frees and retried an allocation.
+    pub oom_retries: u64,
+}
+
+impl PoolStats {
+    pub(crate) fn from_engine(e: &EngineStats, oom_retries: u64, ooms: u64, max_size: u64) -> Self {
+        let r = |k: ReuseKind| e.reuses[k as usize];
+        PoolStats {
+            used: e.used,
+            used_high: e.used_high,
+            reserved: e.reserved,
+            reserved_high: e.reserved_high,
+            max_size,
+            live_allocations: e.live_blocks,
+            live_allocations_high: e.live_blocks_high,
+            allocations: e.allocs,
+            frees: e.frees,
+            fresh_allocations: e.fresh_allocs,
+            reuses: ReuseCounts {
+                same_stream: r(ReuseKind::SameStream),
+                event_dependency: r(ReuseKind::EventDependency),
+                opportunistic: r(ReuseKind::Opportunistic),
+                internal_dependency: r(ReuseKind::InternalDependency),
+                host_synchronized: r(ReuseKind::HostSynchronized),
+            },
+            map_calls: e.map_calls,
+            unmap_calls: e.unmap_calls,
+            mapped_segments: e.mapped_segments,
+            bytes_mapped_total: e.bytes_mapped_total,
+            bytes_unmapped_total: e.bytes_unmapped_total,
+            pending_bytes: e.pending_bytes,
+            free_bytes: e.free_bytes,
+            largest_free_block: e.largest_free_block,
+            ooms,
+            oom_retries,
+        }
+    }
+
+    /// Peak reserved / peak used (1.0 = no memory lost to fragmentation or caching); 1.0 for
+    /// a pool that never allocated.
+    pub fn fragmentation(&self) -> f64 {
+        if self.used_high == 0 {
+            1.0
+        } else {
+            self.reserved_high as f64 / self.used_high as f64
+        }
+    }
+}
+
+impl fmt::Display for PoolStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{:<22} {:>12} {:>12}", "", "current", "high")?;
+        writeln!(
+            f,
+            "{:<22} {:>12} {:>12}",
+            "used",
+            Bytes(self.used).to_string(),
+            Bytes(self.used_high).to_string()
+        )?;
+        writeln!(
+            f,
+            "{:<22} {:>12} {:>12}",
+            "reserved",
+            Bytes(self.reserved).to_string(),
+            Bytes(self.reserved_high).to_string()
+        )?;
+        writeln!(
+            f,
+            "{:<22} {:>12} {:>12}",
+            "live allocations", self.live_allocations, self.live_allocations_high
+        )?;
+        writeln!(f, "{:<22} {:>12}", "allocations", self.allocations)?;
+        writeln!(f, "{:<22} {:>12}", "frees", self.frees)?;
+        writeln!(
+            f,
+            "{:<22} {:>12} (same stream {}, event {}, opportunistic {}, internal {}, host sync {})",
+            "reuses",
+            self.reuses.total(),
+            self.reuses.same_stream,
+            self.reuses.event_dependency,
+            self.reuses.opportunistic,
+            self.reuses.internal_dependency,
+            self.reuses.host_synchronized
+        )?;
+        writeln!(f, "{:<22} {:>12} / {}", "driver map / unmap", self.map_calls, self.unmap_calls)?;
+        writeln!(f, "{:<22} {:>12}", "pending frees", Bytes(self.pending_bytes).to_string())?;
+        writeln!(
+            f,
+            "{:<22} {:>12}",
+            "largest free block",
+            Bytes(self.largest_free_block).to_string()
+        )?;
+        writeln!(f, "{:<22} {:>12} (retries {})", "out of memory", self.ooms, self.oom_retries)?;
+        write!(f, "{:<22} {:>12.3}", "fragmentation", self.fragmentation())
+    }
+}

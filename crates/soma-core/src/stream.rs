@@ -1,0 +1,368 @@
+//! Streams: ordered queues of device work, and the typed copy / kernel API.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::buffer::{BufferOwner, DeviceBuffer};
+use crate::clock::VectorClock;
+use crate::device::Device;
+use crate::engine::StreamSlot;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::hal::{
+    AccessMode, BufferAccess, KernelBuffers, KernelError, KernelLaunch, MemRef, StreamHal,
+};
+
+/// A stream of a device: work enqueued on it executes in order, asynchronously to the host.
+///
+/// `Stream<'d>` borrows its [`Device`]. Allocations made for a stream borrow the stream, so
+/// a stream cannot be dropped while an allocation that would be freed onto it is alive.
+/// Dropping a stream waits for its work to finish.
+pub struct Stream<'d> {
+    device: &'d Device,
+    hal: Arc<dyn StreamHal>,
+    slot: StreamSlot,
+    base: u64,
+    /// What this stream's future work is ordered after, learnt from event waits.
+    clock: Mutex<VectorClock>,
+}
+
+impl<'d> Stream<'d> {
+    pub(crate) fn new(device: &'d Device) -> Result<Self> {
+        let hal: Arc<dyn StreamHal> = Arc::from(device.shared.hal.create_stream()?);
+        let (slot, base) = device.shared.attach_stream(Arc::clone(&hal))?;
+        Ok(Stream { device, hal, slot, base, clock: Mutex::new(VectorClock::new()) })
+    }
+
+    /// The device this stream belongs to.
+    pub fn device(&self) -> &'d Device {
+        self.device
+    }
+
+    /// The backend's id of this stream (as it appears in reports).
+    pub fn id(&self) -> u64 {
+        self.hal.id()
+    }
+
+    /// The backend stream, for what the typed API does not cover.
+    pub fn hal(&self) -> &Arc<dyn StreamHal> {
+        &self.hal
+    }
+
+    pub(crate) fn slot(&self) -> StreamSlot {
+        self.slot
+    }
+
+    /// Global position: the number of tasks enqueued so far, offset so that positions of a
+    /// slot never repeat across the streams that used it.
+    pub(crate) fn position(&self) -> u64 {
+        self.base + self.hal.enqueued()
+    }
+
+    pub(crate) fn clock(&self) -> parking_lot::MutexGuard<'_, VectorClock> {
+        self.clock.lock()
+    }
+
+    pub(crate) fn check_device(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.same_as(device) {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice(format!(
+                "{what} belongs to another device than stream {}",
+                self.id()
+            )))
+        }
+    }
+
+    /// Blocks until everything enqueued so far has completed, then applies the release
+    /// threshold of the device's pools. Frees made on this stream before the call become
+    /// reusable by every stream.
+    ///
+    /// # Errors
+    /// The stream's sticky error, if a task failed.
+    pub fn synchronize(&self) -> Result<()> {
+        let enqueued = self.position();
+        let result = self.hal.synchronize();
+        // The HAL drains the queue before reporting an error, so this holds either way.
+        self.device.shared.observe(self.slot, enqueued + 1);
+        self.device.shared.after_host_sync();
+        Ok(result?)
+    }
+
+    /// Whether everything enqueued so far has completed; never blocks.
+    ///
+    /// # Errors
+    /// The stream's sticky error, if a task failed.
+    pub fn query(&self) -> Result<bool> {
+        let enqueued = self.position();
+        let done = self.hal.query()?;
+        if done {
+            self.device.shared.observe(self.slot, enqueued + 1);
+        }
+        Ok(done)
+    }
+
+    /// Records a new event at the current end of this stream.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn record_event(&self) -> Result<Event<'d>> {
+        let event = Event::new(self.device)?;
+        self.record(&event)?;
+        Ok(event)
+    }
+
+    /// Records `event` at the current end of this stream; a previous record is replaced.
+    ///
+    /// # Errors
+    /// Backend failures, or an event of another device.
+    pub fn record(&self, event: &Event<'_>) -> Result<()> {
+        self.check_device(event.device(), "the event")?;
+        event.record_on(self)
+    }
+
+    pub(crate) fn record_raw(&self, event: &dyn crate::hal::EventHal) -> Result<VectorClock> {
+        let pos = self.hal.record(event)?;
+        let mut clock = self.clock.lock().clone();
+        clock.raise(self.slot, self.base + pos);
+        Ok(clock)
+    }
+
+    /// Makes this stream's later work wait until `event`'s latest record has completed. The
+    /// pool learns from it: blocks freed before that record (on its stream, or on any stream
+    /// it was itself ordered after) become reusable here when `follow_event_dependencies` is on.
+    ///
+    /// # Errors
+    /// Backend failures, or an event of another device.
+    pub fn wait_event(&self, event: &Event<'_>) -> Result<()> {
+        self.check_device(event.device(), "the event")?;
+        if let Some(clock) = event.wait_on(self)? {
+            self.clock.lock().join(&clock);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn wait_raw(&self, event: &dyn crate::hal::EventHal) -> Result<()> {
+        Ok(self.hal.wait(event)?)
+    }
+
+    /// Makes this stream wait for everything enqueued on `other` so far (an event recorded
+    /// on `other` and waited on here).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn wait_stream(&self, other: &Stream<'_>) -> Result<()> {
+        let event = other.record_event()?;
+        self.wait_event(&event)
+    }
+
+    /// Enqueues a host function; it runs on the stream's worker after earlier work.
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        Ok(self.hal.host_fn(Box::new(f))?)
+    }
+
+    fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
+        self.check_device(buffer.device(), "the buffer")?;
+        buffer.record_use(self)
+    }
+
+    /// Enqueues a copy of `src` into the start of `dst`. `src` is staged (copied) at once,
+    /// so the host slice is free to change when this returns.
+    ///
+    /// # Errors
+    /// `src` longer than `dst`, buffer of another device, or backend failures.
+    pub fn copy_from_host<B: DeviceBuffer>(&self, dst: &mut B, src: &[B::Elem]) -> Result<()> {
+        if src.len() > dst.len() {
+            return Err(Error::InvalidArgument(format!(
+                "copy_from_host: {} elements into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        self.note_use(dst)?;
+        let staging: Box<[u8]> = bytemuck::cast_slice(src).into();
+        if staging.is_empty() {
+            return Ok(());
+        }
+        let host = MemRef::Host(staging.as_ptr().cast_mut());
+        // SAFETY: `staging` is moved into the host function enqueued right after the copy, so
+        // it is freed only after the copy (earlier on the same stream) has completed. If that
+        // enqueue fails, it is leaked instead of freed under the copy.
+        unsafe {
+            self.hal.copy_async(MemRef::Device(dst.device_ptr()), host, staging.len() as u64)?
+        };
+        let keep = Arc::new(Mutex::new(Some(staging)));
+        let keep_in_task = Arc::clone(&keep);
+        if let Err(e) = self.hal.host_fn(Box::new(move || drop(keep_in_task.lock().take()))) {
+            if let Some(staging) = keep.lock().take() {
+                std::mem::forget(staging);
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Copies the start of `src` into `dst`, in stream order, and waits for the copy (and
+    /// so for everything enqueued on this stream before it).
+    ///
+    /// # Errors
+    /// `dst` longer than `src`, buffer of another device, the stream's sticky error.
+    pub fn copy_to_host<B: DeviceBuffer>(&self, src: &B, dst: &mut [B::Elem]) -> Result<()> {
+        if dst.len() > src.len() {
+            return Err(Error::InvalidArgument(format!(
+                "copy_to_host: {} elements out of a buffer of {}",
+                dst.len(),
+                src.len()
+            )));
+        }
+        self.note_use(src)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let len = bytes.len() as u64;
+        let enqueued;
+        // SAFETY: `dst` is exclusively borrowed for this whole call, and the call does not
+        // return before the copy has completed or was skipped: `synchronize` below waits for
+        // every task enqueued before it even when it reports an error.
+        unsafe {
+            self.hal.copy_async(
+                MemRef::Host(bytes.as_mut_ptr()),
+                MemRef::Device(src.device_ptr()),
+                len,
+            )?;
+            enqueued = self.position();
+        }
+        let result = self.hal.synchronize();
+        self.device.shared.observe(self.slot, enqueued + 1);
+        Ok(result?)
+    }
+
+    /// Enqueues a device-to-device copy of the start of `src` into `dst`.
+    ///
+    /// # Errors
+    /// `src` longer than `dst`, buffers of another device, backend failures.
+    pub fn copy<D, S>(&self, dst: &mut D, src: &S) -> Result<()>
+    where
+        D: DeviceBuffer,
+        S: DeviceBuffer<Elem = D::Elem>,
+    {
+        if src.len() > dst.len() {
+            return Err(Error::InvalidArgument(format!(
+                "copy: {} elements into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        self.note_use(dst)?;
+        self.note_use(src)?;
+        let len = src.byte_len();
+        if len == 0 {
+            return Ok(());
+        }
+        Ok(self.hal.copy_d2d(dst.device_ptr(), src.device_ptr(), len)?)
+    }
+
+    /// Enqueues a memset of every byte of `dst` to `value`.
+    ///
+    /// # Errors
+    /// Buffer of another device, backend failures.
+    pub fn memset<B: DeviceBuffer>(&self, dst: &mut B, value: u8) -> Result<()> {
+        self.note_use(dst)?;
+        if dst.byte_len() == 0 {
+            return Ok(());
+        }
+        Ok(self.hal.memset(dst.device_ptr(), value, dst.byte_len())?)
+    }
+
+    /// Enqueues a kernel written as a Rust closure over the buffers in `args` (software NPU).
+    ///
+    /// The body sees the buffers in the order of `args`: `b.read::<T>(i)` for any argument,
+    /// `b.write::<T>(i)` for those made with [`KernelArg::write`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = &soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{KernelArg, MemPool};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(dev)?;
+    /// let x = pool.alloc_async::<f32>(4, &s)?;
+    /// let mut y = pool.alloc_async::<f32>(4, &s)?;
+    /// s.memset(&mut y, 0)?;
+    /// s.launch("double", &[KernelArg::read(&x), KernelArg::write(&mut y)], |b| {
+    ///     let (x, y) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+    ///     y.iter_mut().zip(x).for_each(|(y, x)| *y = 2.0 * x);
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Buffers of another device, backends without closure kernels, overlapping write
+    /// buffers, backend failures. A failing body fails the stream (reported by the next
+    /// synchronize).
+    pub fn launch<F>(&self, name: &'static str, args: &[KernelArg<'_>], body: F) -> Result<()>
+    where
+        F: FnOnce(&dyn KernelBuffers) -> std::result::Result<(), KernelError> + Send + 'static,
+    {
+        for arg in args {
+            self.note_use(arg.owner)?;
+        }
+        let buffers = args.iter().map(|a| a.access).collect();
+        Ok(self.hal.launch(KernelLaunch { name, buffers, body: Box::new(body) })?)
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        // Drain: frees made on this stream must be complete before its slot is recycled.
+        // A sticky error cannot be reported from here; the queue has drained regardless.
+        let _ = self.hal.synchronize();
+        let final_global = self.position();
+        self.device.shared.detach_stream(self.slot, final_global);
+    }
+}
+
+impl std::fmt::Debug for Stream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("id", &self.id()).field("slot", &self.slot).finish()
+    }
+}
+
+/// One buffer argument of [`Stream::launch`].
+pub struct KernelArg<'a> {
+    access: BufferAccess,
+    owner: &'a dyn BufferOwner,
+}
+
+impl<'a> KernelArg<'a> {
+    /// The kernel reads `buffer`.
+    pub fn read<B: DeviceBuffer>(buffer: &'a B) -> Self {
+        KernelArg {
+            access: BufferAccess {
+                ptr: buffer.device_ptr(),
+                len: buffer.byte_len(),
+                mode: AccessMode::Read,
+            },
+            owner: buffer,
+        }
+    }
+
+    /// The kernel writes (and may read) `buffer`; taking `&mut` keeps it from being handed to
+    /// the same launch twice.
+    pub fn write<B: DeviceBuffer>(buffer: &'a mut B) -> Self {
+        KernelArg {
+            access: BufferAccess {
+                ptr: buffer.device_ptr(),
+                len: buffer.byte_len(),
+                mode: AccessMode::Write,
+            },
+            owner: buffer,
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use soma::{Device, Stream};
+
+/// A software NPU with one device and no latency (the test default).
+pub fn npu() -> soma::sim::Npu {
+    soma::sim::Npu::builder().build().expect("software NPU")
+}
+
+/// A software NPU whose device has `capacity` bytes.
+pub fn npu_with_capacity(capacity: u64) -> soma::sim::Npu {
+    soma::sim::Npu::builder().capacity(capacity).build().expect("software NPU")
+}
+
+/// Holds a stream's worker inside a host function until opened (or dropped), so that work
+/// enqueued after it — including frees — is deterministically not complete.
+pub struct Gate {
+    tx: Option<mpsc::Sender<()>>,
+}
+
+impl Gate {
+    pub fn close(stream: &Stream<'_>) -> Gate {
+        let (tx, rx) = mpsc::channel::<()>();
+        stream
+            .host_fn(move || {
+                let _ = rx.recv_timeout(Duration::from_secs(30));
+            })
+            .expect("enqueue gate");
+        Gate { tx: Some(tx) }
+    }
+
+    pub fn open(mut self) {
+        self.tx.take();
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Spins (with sleeps) until the stream's backend has completed everything enqueued so far,
+/// without telling the pool (no host-observed synchronisation).
+pub fn wait_device_only(stream: &Stream<'_>) {
+    let target = stream.hal().enqueued();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream.hal().completed() < target {
+        assert!(Instant::now() < deadline, "stream did not complete");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+pub fn device_of(npu: &soma::sim::Npu) -> Device {
+    npu.device(0).expect("device 0")
+}

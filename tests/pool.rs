@@ -1,0 +1,371 @@
+//! Pool behaviour on the software NPU: integrity, thresholds, trim, OOM, alignment, bad
+//! sizes, attributes, compaction, concurrency.
+
+mod common;
+
+use common::{device_of, npu, npu_with_capacity, Gate};
+use soma::{attr, Error, KernelArg, MemPool, ReusePolicy};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn data_survives_alloc_use_free_without_synchronisation() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut results = Vec::new();
+    for round in 0..50u32 {
+        let mut a = pool.alloc_async::<u32>(4096, &s).unwrap();
+        let mut b = pool.alloc_async::<u32>(4096, &s).unwrap();
+        s.copy_from_host(&mut a, &vec![round; 4096]).unwrap();
+        s.launch("plus_one", &[KernelArg::read(&a), KernelArg::write(&mut b)], |k| {
+            let (a, b) = (k.read::<u32>(0)?, k.write::<u32>(1)?);
+            for (b, a) in b.iter_mut().zip(a) {
+                *b = a + 1;
+            }
+            Ok(())
+        })
+        .unwrap();
+        drop(a); // freed while the kernel may still be queued: stream order protects it
+        let mut c = pool.alloc_async::<u32>(4096, &s).unwrap(); // likely a's block
+        s.memset(&mut c, 0xff).unwrap();
+        s.copy(&mut c, &b).unwrap();
+        drop(b);
+        let mut out = vec![0u32; 4096];
+        if round % 10 == 9 {
+            s.copy_to_host(&c, &mut out).unwrap();
+            results.push((round, out));
+        }
+        drop(c);
+    }
+    for (round, out) in results {
+        assert!(out.iter().all(|&v| v == round + 1), "round {round}");
+    }
+    assert!(pool.stats().reuses.same_stream > 0);
+}
+
+#[test]
+fn release_threshold_applies_at_synchronize() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).release_threshold(4 * MIB).build(&dev).unwrap();
+    let blocks: Vec<_> = (0..8).map(|_| pool.alloc_async::<u8>(2 * MIB as usize, &s).unwrap()).collect();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 16 * MIB);
+    drop(blocks);
+    // Freed but not synchronised: the cache is kept.
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 16 * MIB);
+    assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), 0);
+    s.synchronize().unwrap();
+    assert!(pool.get::<attr::ReservedMemCurrent>().unwrap() <= 4 * MIB);
+    assert!(pool.stats().unmap_calls > 0);
+}
+
+#[test]
+fn rust_default_threshold_keeps_the_cache() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), 64 * MIB);
+    drop(pool.alloc_async::<u8>(8 * MIB as usize, &s).unwrap());
+    s.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 8 * MIB);
+}
+
+#[test]
+fn cann_defaults_release_everything_at_synchronize() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).cann_defaults().build(&dev).unwrap();
+    assert_eq!(pool.reuse_policy(), ReusePolicy::NONE);
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), 0);
+    drop(pool.alloc_async::<u8>(8 * MIB as usize, &s).unwrap());
+    s.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+}
+
+#[test]
+fn trim_never_releases_used_memory() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+    let keep = pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap();
+    let free: Vec<_> = (0..4).map(|_| pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap()).collect();
+    drop(free);
+    s.synchronize().unwrap();
+    let released = pool.trim_to(0).unwrap();
+    assert_eq!(released, 16 * MIB);
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 4 * MIB);
+    assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), 4 * MIB);
+    // The live block is still usable.
+    let mut out = vec![0u8; 16];
+    s.copy_to_host(&keep, &mut out).unwrap();
+    assert!(matches!(pool.trim_to(65 * MIB), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn trim_keeps_memory_whose_free_is_still_in_flight() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+    let gate = Gate::close(&s);
+    drop(pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap());
+    assert_eq!(pool.trim_to(0).unwrap(), 0, "the free has not completed: nothing may be unmapped");
+    gate.open();
+    s.synchronize().unwrap();
+    assert_eq!(pool.trim_to(0).unwrap(), 4 * MIB);
+}
+
+#[test]
+fn out_of_memory_reports_numbers_and_the_pool_recovers() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(16 * MIB).build(&dev).unwrap();
+    let a = pool.alloc_async::<u8>(10 * MIB as usize, &s).unwrap();
+    let err = pool.alloc_async::<u8>(8 * MIB as usize, &s).unwrap_err();
+    let Error::OutOfMemory(oom) = &err else { panic!("expected OOM, got {err}") };
+    assert_eq!(oom.requested, 8 * MIB);
+    assert_eq!(oom.used, 10 * MIB);
+    assert_eq!(oom.max, 16 * MIB);
+    let text = err.to_string();
+    assert!(text.contains("8.0 MiB") && text.contains("16.0 MiB"), "{text}");
+    assert_eq!(pool.stats().ooms, 1);
+    assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), 10 * MIB, "failed allocation changed nothing");
+    drop(a);
+    let b = pool.alloc_async::<u8>(8 * MIB as usize, &s).unwrap();
+    assert_eq!(b.len(), 8 * MIB as usize);
+}
+
+#[test]
+fn out_of_memory_waits_for_pending_frees_of_other_streams() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(16 * MIB).reuse(ReusePolicy::NONE).build(&dev).unwrap();
+    let a = pool.alloc_async::<u8>(12 * MIB as usize, &s1).unwrap();
+    s1.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(20))).unwrap();
+    drop(a); // pending on s1, not eligible for s2 by any rule
+    let b = pool.alloc_async::<u8>(12 * MIB as usize, &s2).unwrap();
+    assert_eq!(pool.stats().oom_retries, 1);
+    drop(b);
+}
+
+#[test]
+fn device_capacity_is_an_error_not_a_crash() {
+    let npu = npu_with_capacity(32 * MIB);
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    assert_eq!(pool.max_size(), 32 * MIB);
+    let _a = pool.alloc_async::<u8>(30 * MIB as usize, &s).unwrap();
+    assert!(matches!(pool.alloc_async::<u8>(4 * MIB as usize, &s), Err(Error::OutOfMemory(_))));
+}
+
+#[test]
+fn alignment_is_respected_and_validated() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    for align in [32u64, 512, 4096, 2 * MIB] {
+        let pool = MemPool::builder().max_size(64 * MIB).alignment(align).build(&dev).unwrap();
+        let allocs: Vec<_> = (1..20usize).map(|n| pool.alloc_async::<u8>(n * 37, &s).unwrap()).collect();
+        for a in &allocs {
+            assert_eq!(a.device_ptr().addr() % align, 0, "alignment {align}");
+        }
+        let used: u64 = (1..20u64).map(|n| (n * 37).div_ceil(align) * align).sum();
+        assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), used);
+    }
+    for bad in [0u64, 16, 48, 1000, 4 * MIB] {
+        let r = MemPool::builder().alignment(bad).build(&dev);
+        assert!(matches!(r, Err(Error::InvalidConfig(_))), "alignment {bad} must be rejected");
+    }
+}
+
+#[test]
+fn zero_and_overflowing_sizes_are_errors() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+    assert!(matches!(pool.alloc_async::<u8>(0, &s), Err(Error::InvalidSize(_))));
+    assert!(matches!(pool.alloc_async::<u64>(usize::MAX, &s), Err(Error::InvalidSize(_))));
+    assert!(pool.alloc_async::<u8>(usize::MAX, &s).is_err());
+    assert!(matches!(pool.alloc_raw(u64::MAX, &s), Err(Error::InvalidSize(_) | Error::OutOfMemory(_))));
+    assert_eq!(pool.stats().live_allocations, 0);
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+}
+
+#[test]
+fn builder_rejects_invalid_configurations() {
+    let npu = npu_with_capacity(64 * MIB);
+    let dev = device_of(&npu);
+    assert!(matches!(MemPool::builder().max_size(65 * MIB).build(&dev), Err(Error::InvalidConfig(_))));
+    assert!(matches!(
+        MemPool::builder().max_size(8 * MIB).release_threshold(9 * MIB).build(&dev),
+        Err(Error::InvalidConfig(_))
+    ));
+    // max_size rounds up to the granularity; 0 means device memory.
+    assert_eq!(MemPool::builder().max_size(1).build(&dev).unwrap().max_size(), 2 * MIB);
+    assert_eq!(MemPool::builder().build(&dev).unwrap().max_size(), 64 * MIB);
+}
+
+#[test]
+fn attributes_get_set_and_reset() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+    pool.set::<attr::ReuseAllowInternalDependencies>(true).unwrap();
+    assert!(pool.get::<attr::ReuseAllowInternalDependencies>().unwrap());
+    pool.set::<attr::ReuseFollowEventDependencies>(false).unwrap();
+    assert!(!pool.reuse_policy().follow_event_dependencies);
+    pool.set::<attr::ReleaseThreshold>(MIB).unwrap();
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), MIB);
+    assert!(pool.set::<attr::ReleaseThreshold>(65 * MIB).is_err());
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), MIB, "a rejected set changes nothing");
+
+    let a = pool.alloc_async::<u8>(3 * MIB as usize, &s).unwrap();
+    drop(a);
+    assert_eq!(pool.get::<attr::UsedMemHigh>().unwrap(), 3 * MIB);
+    // A reset restarts the mark from the current value, so highs never fall below currents.
+    pool.reset::<attr::UsedMemHigh>().unwrap();
+    assert_eq!(pool.get::<attr::UsedMemHigh>().unwrap(), 0);
+    pool.reset::<attr::ReservedMemHigh>().unwrap();
+    let reserved = pool.get::<attr::ReservedMemCurrent>().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemHigh>().unwrap(), reserved);
+    let _b = pool.alloc_async::<u8>(MIB as usize, &s).unwrap();
+    assert_eq!(pool.get::<attr::UsedMemHigh>().unwrap(), MIB);
+    assert!(pool.get::<attr::ReservedMemHigh>().unwrap() >= pool.get::<attr::ReservedMemCurrent>().unwrap());
+    assert_eq!(<attr::UsedMemHigh as attr::Attribute>::ID, 0x8);
+}
+
+#[test]
+fn stats_stay_consistent() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(1 << 30).build(&dev).unwrap();
+    let mut live = Vec::new();
+    let mut seed = 12345u64;
+    for step in 0..2000 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if seed >> 63 != 0 || live.is_empty() {
+            let len = 1 + (seed >> 20) as usize % (3 << 20);
+            live.push(pool.alloc_async::<u8>(len, &s).unwrap());
+        } else {
+            let i = (seed >> 8) as usize % live.len();
+            drop(live.swap_remove(i));
+        }
+        if step % 97 == 0 {
+            s.synchronize().unwrap();
+            pool.trim_to(0).unwrap();
+        }
+        let st = pool.stats();
+        let sum: u64 = live.iter().map(|a| a.byte_len().div_ceil(512) * 512).sum();
+        assert_eq!(st.used, sum, "used = sum of live rounded sizes");
+        assert!(st.reserved >= st.used);
+        assert!(st.used_high >= st.used && st.reserved_high >= st.reserved);
+        assert_eq!(st.live_allocations, live.len() as u64);
+    }
+}
+
+#[test]
+fn compaction_makes_room_for_a_large_allocation_and_keeps_data() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(16 * MIB).build(&dev).unwrap();
+    // 16 blocks of 1 MiB fill the pool; free every other one: 8 MiB free, in 1 MiB holes.
+    let mut blocks: Vec<_> = (0..16u32).map(|_| pool.alloc_async::<u32>(256 * 1024, &s).unwrap()).collect();
+    for (i, b) in blocks.iter_mut().enumerate() {
+        s.copy_from_host(b, &vec![i as u32; 256 * 1024]).unwrap();
+    }
+    let mut kept = Vec::new();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i % 2 == 0 {
+            drop(b);
+        } else {
+            kept.push((i as u32, b));
+        }
+    }
+    assert!(matches!(pool.alloc_async::<u8>(4 * MIB as usize, &s), Err(Error::OutOfMemory(_))));
+    let mut refs: Vec<_> = kept.iter_mut().map(|(_, b)| b).collect();
+    let moved = pool.compact(&s, &mut refs).unwrap();
+    assert!(moved >= 4, "moved {moved}");
+    let big = pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap();
+    for (i, b) in &kept {
+        let mut out = vec![0u32; 256 * 1024];
+        s.copy_to_host(b, &mut out).unwrap();
+        assert!(out.iter().all(|v| v == i), "block {i} moved intact");
+    }
+    drop(big);
+}
+
+#[test]
+fn four_threads_four_streams_share_a_pool() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let pool = MemPool::builder().max_size(512 * MIB).build(&dev).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let dev = &dev;
+            let pool = &pool;
+            scope.spawn(move || {
+                let s = dev.create_stream().unwrap();
+                let mut seed = t as u64 + 1;
+                let mut live: Vec<(u32, soma::PoolAlloc<'_, u32>)> = Vec::new();
+                for i in 0..300u32 {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let len = 1 + (seed >> 40) as usize % 50_000;
+                    let sig = (t << 24) | i;
+                    let mut a = pool.alloc_async::<u32>(len, &s).unwrap();
+                    s.copy_from_host(&mut a, &vec![sig; len]).unwrap();
+                    live.push((sig, a));
+                    if live.len() > 8 {
+                        let (sig, a) = live.remove((seed >> 8) as usize % live.len());
+                        let mut out = vec![0u32; a.len()];
+                        s.copy_to_host(&a, &mut out).unwrap();
+                        assert!(out.iter().all(|&v| v == sig), "thread {t}: block overwritten");
+                    }
+                }
+                drop(live);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    assert_eq!(pool.stats().live_allocations, 0);
+}
+
+#[test]
+fn streams_of_another_device_are_rejected() {
+    let npu = soma::sim::Npu::builder().devices(2).build().unwrap();
+    let d0 = npu.device(0).unwrap();
+    let d1 = npu.device(1).unwrap();
+    let s1 = d1.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(8 * MIB).build(&d0).unwrap();
+    assert!(matches!(pool.alloc_async::<u8>(16, &s1), Err(Error::WrongDevice(_))));
+}
+
+#[test]
+fn dropping_the_pool_returns_every_byte_to_the_device() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let before = dev.mem_info().unwrap().free;
+    {
+        let s = dev.create_stream().unwrap();
+        let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
+        let a = pool.alloc_async::<u8>(10 * MIB as usize, &s).unwrap();
+        let gate = Gate::close(&s);
+        drop(a);
+        gate.open();
+        drop(pool);
+    }
+    assert_eq!(dev.mem_info().unwrap().free, before);
+}

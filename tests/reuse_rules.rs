@@ -1,0 +1,252 @@
+//! The four reuse rules of DESIGN.md §4, each on and off, on the software NPU.
+//!
+//! A freed block is "reused" when the next allocation of the same size gets the same device
+//! pointer; when no rule allows it, the pool must map fresh memory at another address. Frees
+//! are kept incomplete with a [`Gate`] so that only the rule under test can justify reuse.
+
+mod common;
+
+use common::{device_of, npu, wait_device_only, Gate};
+use soma::{MemPool, ReusePolicy};
+
+const MIB: usize = 1 << 20;
+
+fn pool_with(dev: &soma::Device, policy: ReusePolicy) -> MemPool<'_> {
+    MemPool::builder().max_size(256 << 20).reuse(policy).build(dev).unwrap()
+}
+
+#[test]
+fn same_stream_reuse_is_always_on_and_touches_no_driver() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let gate = Gate::close(&s);
+    let a = pool.alloc_async::<u8>(MIB, &s).unwrap();
+    let ptr = a.device_ptr();
+    drop(a);
+    let maps_before = pool.stats().map_calls;
+    let b = pool.alloc_async::<u8>(MIB, &s).unwrap();
+    assert_eq!(b.device_ptr(), ptr, "same-stream reuse while the free is still pending");
+    assert_eq!(pool.stats().map_calls, maps_before, "reuse must not map");
+    assert_eq!(pool.stats().reuses.same_stream, 1);
+    gate.open();
+}
+
+#[test]
+fn other_stream_does_not_reuse_without_a_rule() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let gate = Gate::close(&s1);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let ptr = a.device_ptr();
+    drop(a);
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    assert_ne!(b.device_ptr(), ptr);
+    assert_eq!(pool.stats().reuses.total(), 0);
+    gate.open();
+}
+
+#[test]
+fn follow_event_dependencies_on_and_off() {
+    for on in [true, false] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let pool = pool_with(&dev, ReusePolicy::new(on, false, false));
+        let gate = Gate::close(&s1);
+        let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+        let ptr = a.device_ptr();
+        drop(a);
+        let ev = s1.record_event().unwrap();
+        s2.wait_event(&ev).unwrap();
+        let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+        assert_eq!(b.device_ptr() == ptr, on, "follow_event_dependencies = {on}");
+        assert_eq!(pool.stats().reuses.event_dependency, on as u64);
+        gate.open();
+    }
+}
+
+#[test]
+fn event_dependencies_follow_chains_of_streams() {
+    for on in [true, false] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let s1 = dev.create_stream().unwrap();
+        let s2 = dev.create_stream().unwrap();
+        let s3 = dev.create_stream().unwrap();
+        let pool = pool_with(&dev, ReusePolicy::new(on, false, false));
+        let gate = Gate::close(&s1);
+        let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+        let ptr = a.device_ptr();
+        drop(a);
+        let e1 = s1.record_event().unwrap();
+        s2.wait_event(&e1).unwrap();
+        let e2 = s2.record_event().unwrap();
+        s3.wait_event(&e2).unwrap();
+        let b = pool.alloc_async::<u8>(MIB, &s3).unwrap();
+        assert_eq!(b.device_ptr() == ptr, on, "chain s1 -> s2 -> s3, switch {on}");
+        gate.open();
+    }
+}
+
+#[test]
+fn an_event_recorded_before_the_free_gives_no_right() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::new(true, false, false));
+    let gate = Gate::close(&s1);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let ptr = a.device_ptr();
+    let ev = s1.record_event().unwrap();
+    drop(a); // freed after the record
+    s2.wait_event(&ev).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    assert_ne!(b.device_ptr(), ptr);
+    gate.open();
+}
+
+#[test]
+fn opportunistic_on_and_off() {
+    for on in [true, false] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let pool = pool_with(&dev, ReusePolicy::new(false, on, false));
+        let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+        let ptr = a.device_ptr();
+        s1.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5))).unwrap();
+        drop(a);
+        wait_device_only(&s1); // completed on the device; the host did not synchronise
+        let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+        assert_eq!(b.device_ptr() == ptr, on, "opportunistic = {on}");
+        assert_eq!(pool.stats().reuses.opportunistic, on as u64);
+    }
+}
+
+#[test]
+fn opportunistic_never_takes_an_incomplete_free() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::new(false, true, false));
+    let gate = Gate::close(&s1);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let ptr = a.device_ptr();
+    drop(a);
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    assert_ne!(b.device_ptr(), ptr);
+    gate.open();
+}
+
+#[test]
+fn internal_dependencies_on_and_off() {
+    for on in [true, false] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let pool = pool_with(&dev, ReusePolicy::new(false, false, on));
+        let gate = Gate::close(&s1);
+        let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+        let ptr = a.device_ptr();
+        drop(a);
+        let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+        assert_eq!(b.device_ptr() == ptr, on, "internal_dependencies = {on}");
+        if on {
+            // The pool made s2 wait for s1: s2 cannot finish while s1 is gated.
+            let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let f = flag.clone();
+            s2.host_fn(move || f.store(true, std::sync::atomic::Ordering::SeqCst)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            assert!(!flag.load(std::sync::atomic::Ordering::SeqCst), "s2 ran before s1 reached the free");
+            gate.open();
+            s2.synchronize().unwrap();
+            assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
+            assert_eq!(pool.stats().reuses.internal_dependency, 1);
+        } else {
+            gate.open();
+        }
+    }
+}
+
+#[test]
+fn a_synchronized_free_is_reusable_by_every_stream() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let ptr = a.device_ptr();
+    drop(a);
+    s1.synchronize().unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    assert_eq!(b.device_ptr(), ptr);
+    assert_eq!(pool.stats().reuses.host_synchronized, 1);
+}
+
+#[test]
+fn a_dropped_stream_leaves_its_cache_to_the_others() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s2 = dev.create_stream().unwrap();
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let ptr = {
+        let s1 = dev.create_stream().unwrap();
+        let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+        a.device_ptr()
+    };
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    assert_eq!(b.device_ptr(), ptr);
+}
+
+#[test]
+fn a_use_on_another_stream_orders_the_free_after_it() {
+    // x lives on s1 and is written on s2 behind a gate; s1 frees it and reallocates the same
+    // block at once (same-stream reuse) and writes it. The free must wait for s2's write, so
+    // s1's value wins; without the recorded use, s2's late write would land last.
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let mut x = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    let ptr = x.device_ptr();
+    let gate = Gate::close(&s2);
+    s2.launch("late_write", &[soma::KernelArg::write(&mut x)], |b| {
+        b.write::<u32>(0)?.fill(2);
+        Ok(())
+    })
+    .unwrap();
+    drop(x);
+    let mut y = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    assert_eq!(y.device_ptr(), ptr);
+    s1.launch("write", &[soma::KernelArg::write(&mut y)], |b| {
+        b.write::<u32>(0)?.fill(1);
+        Ok(())
+    })
+    .unwrap();
+    gate.open();
+    let mut out = vec![0u32; 1024];
+    s1.copy_to_host(&y, &mut out).unwrap();
+    s2.synchronize().unwrap();
+    assert!(out.iter().all(|&v| v == 1), "s1's write must land after s2's");
+}
+
+#[test]
+fn hand_off_moves_an_allocation_safely() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let mut x = pool.alloc_async::<u32>(256, &s1).unwrap();
+    let gate = Gate::close(&s1);
+    s1.copy_from_host(&mut x, &[7u32; 256]).unwrap();
+    let x = x.hand_off(&s2).unwrap();
+    assert_eq!(x.stream().id(), s2.id());
+    gate.open();
+    let mut out = vec![0u32; 256];
+    s2.copy_to_host(&x, &mut out).unwrap();
+    assert_eq!(out, vec![7u32; 256], "s2 saw the data s1 wrote before the hand-off");
+}
