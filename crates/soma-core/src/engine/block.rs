@@ -87,11 +87,7 @@ pub(super) struct Slab {
 
 impl Slab {
     pub fn new() -> Slab {
-        Slab {
-            blocks: Vec::new(),
-            vacant: NIL,
-            vacant_count: 0,
-        }
+        Slab { blocks: Vec::new(), vacant: NIL, vacant_count: 0 }
     }
 
     /// Number of vacant records.

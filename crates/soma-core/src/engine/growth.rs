@@ -3,8 +3,8 @@
 use super::block::{Block, Kind, NIL};
 use super::tlsf::{class_of, SL};
 use super::{
-    align_down, align_up, Allocation, Backing, BackingError, Engine, FreeTag, ReuseKind,
-    Segment, StreamOrder, StreamSlot,
+    align_down, align_up, Allocation, Backing, BackingError, Engine, FreeTag, ReuseKind, Segment,
+    StreamOrder, StreamSlot,
 };
 
 /// Why growth did not produce an allocation.
@@ -50,9 +50,7 @@ impl Engine {
         self.recycle(plan.map_len, plan.protect, order, backing);
         if plan.base.is_none() {
             // Recycling may have opened a lower hole.
-            plan = self
-                .plan_new_run(size)
-                .expect("recycling only enlarges holes");
+            plan = self.plan_new_run(size).expect("recycling only enlarges holes");
         }
         let token = match backing.map(plan.map_off, plan.map_len) {
             Ok(t) => t,
@@ -60,26 +58,38 @@ impl Engine {
             Err(BackingError::Failed(msg)) => return Err(GrowError::Backing(msg)),
         };
         let fresh = self.map_into_hole(plan.map_off, plan.map_len, token);
-        let target = match plan.base {
-            None => fresh,
-            Some(base) => {
-                debug_assert_eq!(self.slab.blocks[base as usize].kind, Kind::Free);
-                self.remove_free(base);
-                if plan.base_left {
-                    self.slab.absorb_next(base, fresh);
-                    base
-                } else {
-                    let b = self.slab.blocks[base as usize];
-                    let f = &mut self.slab.blocks[fresh as usize];
-                    f.tagged = b.tagged;
-                    f.stream = b.stream;
-                    f.pos = b.pos;
-                    self.slab.absorb_next(fresh, base);
-                    fresh
-                }
-            }
+        let alloc_end = plan.alloc_off + size;
+        let Some(base) = plan.base else {
+            return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None));
         };
-        Ok(self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None))
+        // Extension: the newly mapped memory the block does not cover stays untagged (it was
+        // never used); only the part of `base` outside the block keeps `base`'s tag.
+        debug_assert_eq!(self.slab.blocks[base as usize].kind, Kind::Free);
+        self.remove_free(base);
+        let (target, leftover) = if plan.base_left {
+            let leftover = (alloc_end < self.slab.blocks[fresh as usize].end())
+                .then(|| self.slab.split(fresh, alloc_end));
+            self.slab.absorb_next(base, fresh);
+            (base, leftover)
+        } else {
+            let (used, leftover) = if plan.alloc_off > plan.map_off {
+                (self.slab.split(fresh, plan.alloc_off), Some(fresh))
+            } else {
+                (fresh, None)
+            };
+            let b = self.slab.blocks[base as usize];
+            let f = &mut self.slab.blocks[used as usize];
+            f.tagged = b.tagged;
+            f.stream = b.stream;
+            f.pos = b.pos;
+            self.slab.absorb_next(used, base);
+            (used, leftover)
+        };
+        let a = self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None);
+        if let Some(l) = leftover {
+            self.insert_free_coalesce(l);
+        }
+        Ok(a)
     }
 
     /// A new run of `round_up(size, granularity)` at the start of the lowest hole that fits.
@@ -167,11 +177,8 @@ impl Engine {
     /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
     /// (in no index) and records the segment. Returns the new block.
     fn map_into_hole(&mut self, off: u64, len: u64, token: u64) -> u32 {
-        let (&h0, &h) = self
-            .holes
-            .range(..=off)
-            .next_back()
-            .expect("a hole contains the mapped range");
+        let (&h0, &h) =
+            self.holes.range(..=off).next_back().expect("a hole contains the mapped range");
         let hb = self.slab.blocks[h as usize];
         debug_assert!(h0 <= off && off + len <= hb.end());
         let mut mid = h;
@@ -374,9 +381,5 @@ impl Engine {
 
 /// Whether no in-flight work can touch free block `b`: untagged, or its free completed.
 fn recyclable(b: &Block, order: &dyn StreamOrder) -> bool {
-    !b.tagged
-        || order.is_complete(FreeTag {
-            stream: b.stream,
-            pos: b.pos,
-        })
+    !b.tagged || order.is_complete(FreeTag { stream: b.stream, pos: b.pos })
 }

@@ -39,10 +39,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
             b.offset
         );
         ensure!(b.size > 0, "block {cur}: size 0");
-        ensure!(
-            b.offset % unit == 0 && b.size % unit == 0,
-            "block {cur}: not aligned to {unit}"
-        );
+        ensure!(b.offset % unit == 0 && b.size % unit == 0, "block {cur}: not aligned to {unit}");
         match b.kind {
             Kind::Vacant => return Err(format!("vacant record {cur} in the address list")),
             Kind::Live => {
@@ -89,40 +86,23 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 !(p.kind == Kind::Unmapped && b.kind == Kind::Unmapped),
                 "adjacent unmapped blocks {prev} and {cur}"
             );
-            ensure!(
-                !e.mergeable(prev, cur),
-                "adjacent mergeable free blocks {prev} and {cur}"
-            );
+            ensure!(!e.mergeable(prev, cur), "adjacent mergeable free blocks {prev} and {cur}");
         }
         expect_off = b.end();
         prev = cur;
         cur = b.next;
     }
-    ensure!(
-        expect_off == e.cfg.range_size,
-        "blocks end at {expect_off}, not at the range size"
-    );
+    ensure!(expect_off == e.cfg.range_size, "blocks end at {expect_off}, not at the range size");
     let s = &e.stats;
     ensure!(used == s.used, "used {} != live sum {used}", s.used);
     ensure!(live == s.live_blocks, "live_blocks {} != {live}", s.live_blocks);
-    ensure!(
-        free_bytes == s.free_bytes,
-        "free_bytes {} != {free_bytes}",
-        s.free_bytes
-    );
-    ensure!(
-        pending == s.pending_bytes,
-        "pending_bytes {} != {pending}",
-        s.pending_bytes
-    );
+    ensure!(free_bytes == s.free_bytes, "free_bytes {} != {free_bytes}", s.free_bytes);
+    ensure!(pending == s.pending_bytes, "pending_bytes {} != {pending}", s.pending_bytes);
     ensure!(mapped == s.reserved, "reserved {} != mapped {mapped}", s.reserved);
     ensure!(s.reserved == s.used + s.free_bytes, "reserved != used + free");
     ensure!(s.used_high >= s.used, "used_high below used");
     ensure!(s.reserved_high >= s.reserved, "reserved_high below reserved");
-    ensure!(
-        s.live_blocks_high >= s.live_blocks,
-        "live_blocks_high below live_blocks"
-    );
+    ensure!(s.live_blocks_high >= s.live_blocks, "live_blocks_high below live_blocks");
     ensure!(
         s.bytes_mapped_total - s.bytes_unmapped_total == s.reserved,
         "mapped - unmapped totals != reserved"
@@ -146,11 +126,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
     }
     ensure!(n_vacant == e.slab.vacant_count(), "vacant chain too short");
     ensure!(
-        e.holes.len()
-            == blocks
-                .iter()
-                .filter(|b| b.kind == Kind::Unmapped)
-                .count(),
+        e.holes.len() == blocks.iter().filter(|b| b.kind == Kind::Unmapped).count(),
         "hole map has stale entries"
     );
     if let Some(map) = &e.live_index {
@@ -173,10 +149,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         }
     }
     ensure!(seg_bytes == s.reserved, "segments {seg_bytes} != reserved");
-    ensure!(
-        seg_runs == mapped_runs,
-        "segments do not match the mapped blocks"
-    );
+    ensure!(seg_runs == mapped_runs, "segments do not match the mapped blocks");
 
     // Free indices: every free block is in the index of its tag, in its class's list.
     let mut indexed = 0u64;
@@ -217,16 +190,10 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         }
         ensure!(count == ix.count, "index {slot}: count {} != {count}", ix.count);
         ensure!(bytes == ix.bytes, "index {slot}: bytes {} != {bytes}", ix.bytes);
-        ensure!(
-            ix.max_pos >= max_pos,
-            "index {slot}: max_pos below a block's pos"
-        );
+        ensure!(ix.max_pos >= max_pos, "index {slot}: max_pos below a block's pos");
         indexed += count;
     }
     let n_free = blocks.iter().filter(|b| b.kind == Kind::Free).count() as u64;
-    ensure!(
-        indexed == n_free,
-        "{indexed} indexed free blocks != {n_free} free blocks"
-    );
+    ensure!(indexed == n_free, "{indexed} indexed free blocks != {n_free} free blocks");
     Ok(())
 }

@@ -290,7 +290,12 @@ impl std::fmt::Display for AllocError {
                 f,
                 "out of memory: requested {} (rounded {}), used {}, reserved {}, max {}, \
                  largest free block {}, {} bytes pending on other streams",
-                i.requested, i.rounded, i.used, i.reserved, i.max, i.largest_free_block,
+                i.requested,
+                i.rounded,
+                i.used,
+                i.reserved,
+                i.max,
+                i.largest_free_block,
                 i.pending_bytes
             ),
             AllocError::Backing(s) => write!(f, "backing failure: {s}"),
@@ -510,16 +515,10 @@ impl Engine {
     /// `granularity`.
     pub fn new(cfg: EngineConfig) -> Result<Engine, String> {
         if cfg.granularity == 0 || !cfg.granularity.is_power_of_two() {
-            return Err(format!(
-                "granularity {} is not a power of two",
-                cfg.granularity
-            ));
+            return Err(format!("granularity {} is not a power of two", cfg.granularity));
         }
         if !cfg.alignment.is_power_of_two() || cfg.alignment < 32 {
-            return Err(format!(
-                "alignment {} is not a power of two >= 32",
-                cfg.alignment
-            ));
+            return Err(format!("alignment {} is not a power of two >= 32", cfg.alignment));
         }
         if cfg.alignment > cfg.granularity {
             return Err(format!(
@@ -744,11 +743,7 @@ impl Engine {
         backing: &mut dyn Backing,
     ) -> Result<u64, BackingError> {
         self.release_where(keep, backing, &|b| {
-            !b.tagged
-                || order.is_complete(FreeTag {
-                    stream: b.stream,
-                    pos: b.pos,
-                })
+            !b.tagged || order.is_complete(FreeTag { stream: b.stream, pos: b.pos })
         })
     }
 
@@ -847,10 +842,7 @@ impl Engine {
 
     /// All blocks in address order; together they cover `[0, range_size)` exactly.
     pub fn blocks(&self) -> Blocks<'_> {
-        Blocks {
-            engine: self,
-            cur: self.first,
-        }
+        Blocks { engine: self, cur: self.first }
     }
 
     /// Exhaustive consistency check (for tests; O(n + segments + free-list lengths)).
@@ -873,17 +865,12 @@ impl Engine {
         let b = &self.slab.blocks[idx as usize];
         let state = match b.kind {
             Kind::Live => BlockState::Live,
-            Kind::Free => BlockState::Free(b.tagged.then_some(FreeTag {
-                stream: b.stream,
-                pos: b.pos,
-            })),
+            Kind::Free => {
+                BlockState::Free(b.tagged.then_some(FreeTag { stream: b.stream, pos: b.pos }))
+            }
             Kind::Unmapped | Kind::Vacant => BlockState::Unmapped,
         };
-        BlockInfo {
-            offset: b.offset,
-            size: b.size,
-            state,
-        }
+        BlockInfo { offset: b.offset, size: b.size, state }
     }
 }
 

@@ -5,8 +5,8 @@ use smallvec::SmallVec;
 use super::block::{Block, Kind, NIL};
 use super::tlsf::{class_at_least, class_of, FreeIndex, SL};
 use super::{
-    align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees,
-    ReuseKind, StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
+    align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees, ReuseKind,
+    StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
 };
 
 /// Index in `Engine::indexes` of the free index holding blocks with this tag state.
@@ -70,9 +70,7 @@ impl Engine {
         debug_assert_eq!(b.kind, Kind::Free);
         let slot = index_slot(b.tagged, b.stream);
         let (size, tagged) = (b.size, b.tagged);
-        let ix = self.indexes[slot]
-            .as_mut()
-            .expect("a free block's index exists");
+        let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         ix.remove(&mut self.slab.blocks, idx, self.unit_shift);
         self.stats.free_bytes -= size;
         if tagged {
@@ -189,13 +187,7 @@ impl Engine {
         if let Some(map) = &mut self.live_index {
             map.insert(start, mid);
         }
-        Allocation {
-            block: BlockId::new(mid, generation),
-            offset: start,
-            size,
-            reuse,
-            dependency,
-        }
+        Allocation { block: BlockId::new(mid, generation), offset: start, size, reuse, dependency }
     }
 
     /// [`Engine::finish_alloc`] from an indexed free block, at its first aligned offset.
@@ -375,13 +367,7 @@ impl Engine {
         }
         best.map(|(i, _)| {
             let b = &self.slab.blocks[i as usize];
-            (
-                i,
-                FreeTag {
-                    stream: b.stream,
-                    pos: b.pos,
-                },
-            )
+            (i, FreeTag { stream: b.stream, pos: b.pos })
         })
     }
 
@@ -448,11 +434,7 @@ impl Engine {
             });
             if bytes > 0 {
                 pending_bytes += bytes;
-                pending.push(PendingFrees {
-                    stream: s,
-                    bytes,
-                    max_pos,
-                });
+                pending.push(PendingFrees { stream: s, bytes, max_pos });
             }
         }
         OomInfo {

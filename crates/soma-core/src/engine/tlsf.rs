@@ -171,11 +171,7 @@ impl FreeIndex {
         if fl >= FL {
             return None;
         }
-        let sl_bits = if sl >= SL {
-            0
-        } else {
-            self.sl_bitmap[fl] & (u32::MAX << sl)
-        };
+        let sl_bits = if sl >= SL { 0 } else { self.sl_bitmap[fl] & (u32::MAX << sl) };
         if sl_bits != 0 {
             return Some((fl, sl_bits.trailing_zeros() as usize));
         }

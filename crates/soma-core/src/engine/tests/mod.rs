@@ -35,10 +35,7 @@ impl FakeBacking {
     }
 
     pub fn with_capacity(cap: u64) -> FakeBacking {
-        FakeBacking {
-            capacity: Some(cap),
-            ..FakeBacking::default()
-        }
+        FakeBacking { capacity: Some(cap), ..FakeBacking::default() }
     }
 
     pub fn total(&self) -> u64 {

@@ -37,3 +37,611 @@ fn basic_alloc_free_reuse() {
     e.check_invariants().unwrap();
     assert_eq!(b.maps, 1);
 }
+
+fn alloc(
+    e: &mut Engine,
+    b: &mut FakeBacking,
+    o: &TestOrder,
+    bytes: u64,
+    s: StreamSlot,
+) -> Allocation {
+    let a = e.alloc(bytes, 512, s, o, b).unwrap();
+    e.check_invariants().unwrap();
+    a
+}
+
+fn free(e: &mut Engine, a: &Allocation, s: StreamSlot, pos: u64) {
+    e.free(a.block, tag(s, pos)).unwrap();
+    e.check_invariants().unwrap();
+}
+
+/// Fills the first granule so that later requests cannot use fresh tail memory.
+fn fill_granule(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) -> Allocation {
+    alloc(e, b, o, G, 9)
+}
+
+#[test]
+fn config_validation() {
+    let ok = EngineConfig::new(8 * G, G);
+    assert!(Engine::new(ok).is_ok());
+    assert!(Engine::new(EngineConfig { granularity: 3 * MIB, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { alignment: 16, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { alignment: 1000, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { alignment: 4 * G, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { range_size: 0, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { range_size: G + 512, ..ok }).is_err());
+    let e = Engine::new(ok).unwrap();
+    assert_eq!(e.config(), &ok);
+    e.check_invariants().unwrap();
+    assert_eq!(e.blocks().count(), 1);
+}
+
+#[test]
+fn round_size_rules() {
+    let e = engine(8 * G);
+    assert_eq!(e.round_size(1, 512), Some(512));
+    assert_eq!(e.round_size(512, 512), Some(512));
+    assert_eq!(e.round_size(513, 512), Some(1024));
+    assert_eq!(e.round_size(513, 4096), Some(4096));
+    assert_eq!(e.round_size(100, 1), Some(512));
+    assert_eq!(e.round_size(0, 512), None);
+    assert_eq!(e.round_size(u64::MAX, 512), None);
+    assert_eq!(e.round_size(100, 3), None);
+    assert_eq!(e.round_size(100, 0), None);
+    assert_eq!(e.round_size(100, 2 * G), None);
+}
+
+#[test]
+fn bad_sizes_and_alignments() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    assert!(matches!(e.alloc(0, 512, 0, &o, &mut b), Err(AllocError::InvalidSize(_))));
+    assert!(matches!(e.alloc(u64::MAX, 512, 0, &o, &mut b), Err(AllocError::InvalidSize(_))));
+    assert!(matches!(e.alloc(8 * G + 1, 512, 0, &o, &mut b), Err(AllocError::InvalidSize(_))));
+    assert!(matches!(e.alloc(1, 3, 0, &o, &mut b), Err(AllocError::InvalidAlignment(_))));
+    assert!(matches!(e.alloc(1, 0, 0, &o, &mut b), Err(AllocError::InvalidAlignment(_))));
+    assert!(matches!(e.alloc(1, 2 * G, 0, &o, &mut b), Err(AllocError::InvalidAlignment(_))));
+    assert_eq!(e.stats().allocs, 0);
+    assert_eq!(e.stats().ooms, 0);
+    assert_eq!(b.maps, 0);
+    // the whole range is allowed
+    let a = e.alloc(8 * G, 512, 0, &o, &mut b).unwrap();
+    assert_eq!((a.offset, a.size), (0, 8 * G));
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn alignment_is_honoured_and_kept() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let small = alloc(&mut e, &mut b, &o, 512, 0);
+    assert_eq!(small.offset, 0);
+    let big = e.alloc(5000, 64 * 1024, 0, &o, &mut b).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(big.offset % (64 * 1024), 0);
+    assert_eq!(big.size, 64 * 1024);
+    let g = e.alloc(100, G, 0, &o, &mut b).unwrap();
+    assert_eq!(g.offset % G, 0);
+    assert_eq!(g.size, G);
+    let tiny = e.alloc(1, 1, 0, &o, &mut b).unwrap();
+    assert_eq!(tiny.size, 512);
+    assert_eq!(tiny.offset % 512, 0);
+    // free the aligned block, then ask again: the same aligned place is reused
+    free(&mut e, &big, 0, 1);
+    let again = e.alloc(5000, 64 * 1024, 0, &o, &mut b).unwrap();
+    assert_eq!(again.offset % (64 * 1024), 0);
+    assert_eq!(again.reuse, Some(ReuseKind::SameStream));
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn same_stream_hot_path_finds_the_just_freed_block() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    // Many free blocks of assorted sizes around.
+    let mut keep = Vec::new();
+    let mut holes = Vec::new();
+    for i in 0..200u64 {
+        let a = alloc(&mut e, &mut b, &o, 512 * (1 + (i * 7) % 97), 0);
+        if i % 2 == 0 {
+            holes.push(a);
+        } else {
+            keep.push(a);
+        }
+    }
+    for a in &holes {
+        free(&mut e, a, 0, 1);
+    }
+    let size = 77 * 512 + 100;
+    let mut x = alloc(&mut e, &mut b, &o, size, 0);
+    let first = x.offset;
+    for round in 0..50 {
+        free(&mut e, &x, 0, 2 + round);
+        x = alloc(&mut e, &mut b, &o, size, 0);
+        assert_eq!(x.offset, first, "round {round}");
+        assert_eq!(x.reuse, Some(ReuseKind::SameStream));
+    }
+    assert_eq!(keep.len(), 100);
+}
+
+#[test]
+fn other_stream_blocks_need_a_rule() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    let _filler = fill_granule(&mut e, &mut b, &o);
+    let a = alloc(&mut e, &mut b, &o, G, 1);
+    let a_off = a.offset;
+    free(&mut e, &a, 1, 10);
+    // stream 2, no rule: fresh memory elsewhere
+    let x = alloc(&mut e, &mut b, &o, G, 2);
+    assert_ne!(x.offset, a_off);
+    assert_eq!(x.reuse, None);
+    free(&mut e, &x, 2, 1);
+    // bound exactly at pos gives no right
+    for (field, kind) in [
+        (0, ReuseKind::HostSynchronized),
+        (1, ReuseKind::EventDependency),
+        (2, ReuseKind::Opportunistic),
+    ] {
+        let mut oo = o.clone();
+        let m = match field {
+            0 => &mut oo.host_observed,
+            1 => &mut oo.event,
+            _ => &mut oo.completed,
+        };
+        m.insert(1, 10);
+        let y = alloc(&mut e, &mut b, &oo, G, 3);
+        assert_ne!(y.offset, a_off, "{kind:?} at pos == bound");
+        free(&mut e, &y, 7, 1);
+        let m = match field {
+            0 => &mut oo.host_observed,
+            1 => &mut oo.event,
+            _ => &mut oo.completed,
+        };
+        m.insert(1, 11);
+        let y = alloc(&mut e, &mut b, &oo, G, 3);
+        assert_eq!(y.offset, a_off, "{kind:?} above pos");
+        assert_eq!(y.reuse, Some(kind));
+        assert_eq!(y.dependency, None);
+        free(&mut e, &y, 1, 10); // back onto stream 1 at the same pos
+                                 // stream 3's own fresh-run block must not be preferred next time
+        let own = alloc(&mut e, &mut b, &o, G, 3);
+        free(&mut e, &own, 7, 1);
+    }
+    // precedence of kinds when several rules hold
+    o.host_observed.insert(1, 11);
+    o.event.insert(1, 11);
+    o.completed.insert(1, 11);
+    let y = alloc(&mut e, &mut b, &o, G, 3);
+    assert_eq!(y.reuse, Some(ReuseKind::HostSynchronized));
+    let s = e.stats();
+    assert_eq!(s.reuses[ReuseKind::HostSynchronized.index()], 2);
+    assert_eq!(s.reuses[ReuseKind::EventDependency.index()], 1);
+    assert_eq!(s.reuses[ReuseKind::Opportunistic.index()], 1);
+}
+
+#[test]
+fn internal_dependency_only_when_growth_fails() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::with_capacity(2 * G);
+    let mut o = TestOrder::default();
+    let _filler = fill_granule(&mut e, &mut b, &o);
+    let a = alloc(&mut e, &mut b, &o, G, 1);
+    free(&mut e, &a, 1, 7);
+    // switch off: out of memory, reported as pending on stream 1
+    let err = e.alloc(G, 512, 2, &o, &mut b).unwrap_err();
+    let AllocError::OutOfMemory(info) = err else { panic!("{err:?}") };
+    assert_eq!(info.pending_bytes, G);
+    assert_eq!(info.pending.len(), 1);
+    assert_eq!(info.pending[0], PendingFrees { stream: 1, bytes: G, max_pos: 7 });
+    assert_eq!(info.largest_free_block, G);
+    assert_eq!((info.used, info.reserved, info.max), (G, 2 * G, 64 * G));
+    assert_eq!(e.stats().ooms, 1);
+    e.check_invariants().unwrap();
+    // switch on: the block comes with the dependency
+    o.internal = true;
+    let y = alloc(&mut e, &mut b, &o, G, 2);
+    assert_eq!(y.offset, a.offset);
+    assert_eq!(y.reuse, Some(ReuseKind::InternalDependency));
+    assert_eq!(y.dependency, Some(tag(1, 7)));
+    // with room to grow, growth is preferred over a dependency
+    free(&mut e, &y, 1, 8);
+    b.capacity = None;
+    let z = alloc(&mut e, &mut b, &o, G, 2);
+    assert_eq!(z.reuse, None);
+    assert_eq!(z.dependency, None);
+}
+
+#[test]
+fn split_and_coalesce() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 4096, 0);
+    let y = alloc(&mut e, &mut b, &o, 4096, 0);
+    let z = alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!((x.offset, y.offset, z.offset), (0, 4096, 8192));
+    // 3 live + the fresh tail + unmapped rest
+    assert_eq!(e.blocks().count(), 5);
+    free(&mut e, &y, 0, 5);
+    assert_eq!(e.block(y.block).unwrap().state, BlockState::Free(Some(tag(0, 5))));
+    free(&mut e, &x, 0, 3);
+    // x absorbed y: pos = max
+    let infos: Vec<_> = e.blocks().collect();
+    assert_eq!(
+        infos[0],
+        BlockInfo { offset: 0, size: 8192, state: BlockState::Free(Some(tag(0, 5))) }
+    );
+    // z merges with both sides, the fresh tail takes the tag
+    free(&mut e, &z, 0, 4);
+    let infos: Vec<_> = e.blocks().collect();
+    assert_eq!(infos.len(), 2);
+    assert_eq!(
+        infos[0],
+        BlockInfo { offset: 0, size: G, state: BlockState::Free(Some(tag(0, 5))) }
+    );
+    assert_eq!(infos[1].state, BlockState::Unmapped);
+    assert_eq!(e.stats().largest_free_block, G);
+}
+
+#[test]
+fn different_streams_never_merge() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 4096, 0);
+    let y = alloc(&mut e, &mut b, &o, 4096, 0);
+    let z = alloc(&mut e, &mut b, &o, G - 8192, 0);
+    free(&mut e, &x, 1, 1);
+    free(&mut e, &y, 2, 1);
+    free(&mut e, &z, 1, 2);
+    let states: Vec<_> = e.blocks().map(|i| (i.offset, i.state)).collect();
+    assert_eq!(
+        states,
+        vec![
+            (0, BlockState::Free(Some(tag(1, 1)))),
+            (4096, BlockState::Free(Some(tag(2, 1)))),
+            (8192, BlockState::Free(Some(tag(1, 2)))),
+            (G, BlockState::Unmapped),
+        ]
+    );
+    assert_eq!(e.stats().pending_bytes, G);
+    assert_eq!(e.stats().free_bytes, G);
+}
+
+#[test]
+fn stale_ids_and_double_frees() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 4096, 0);
+    let y = alloc(&mut e, &mut b, &o, 4096, 0);
+    free(&mut e, &y, 0, 1);
+    // y's record absorbed the fresh tail and survives: double free = NotLive
+    assert_eq!(e.free(y.block, tag(0, 2)), Err(FreeError::NotLive));
+    free(&mut e, &x, 0, 2);
+    // y's record was merged into x's: unknown now
+    assert_eq!(e.free(y.block, tag(0, 3)), Err(FreeError::UnknownBlock));
+    assert_eq!(e.block(y.block), None);
+    // a new allocation reusing x's record does not answer to x's id
+    let x2 = alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(x2.offset, x.offset);
+    assert_ne!(x2.block, x.block);
+    assert_eq!(e.free(x.block, tag(0, 4)), Err(FreeError::UnknownBlock));
+    assert_eq!(e.stats().frees, 2);
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn lookup_by_offset() {
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 1000, 0);
+    let y = alloc(&mut e, &mut b, &o, 3000, 0);
+    assert_eq!(e.lookup(x.offset), Some((x.block, 1024)));
+    assert_eq!(e.lookup(y.offset), Some((y.block, 3072)));
+    assert_eq!(e.lookup(y.offset + 512), None);
+    free(&mut e, &x, 0, 1);
+    assert_eq!(e.lookup(x.offset), None);
+    let mut cfg = *e.config();
+    cfg.index_by_offset = false;
+    let mut e2 = Engine::new(cfg).unwrap();
+    let z = e2.alloc(1000, 512, 0, &o, &mut FakeBacking::new()).unwrap();
+    assert_eq!(e2.lookup(z.offset), None);
+}
+
+#[test]
+fn growth_extends_a_free_block_into_the_hole() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, MIB, 0); // [0, 1M), tail [1M, 2M) fresh
+    let y = alloc(&mut e, &mut b, &o, 2 * MIB, 0); // extends the fresh tail: maps [2M, 4M)
+    assert_eq!(y.offset, MIB);
+    assert_eq!(y.reuse, None);
+    assert_eq!(e.reserved(), 2 * G);
+    assert_eq!(b.maps, 2);
+    // a free tagged own block at the end extends too, reported as same-stream
+    free(&mut e, &y, 0, 1);
+    let z = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
+    assert_eq!(z.offset, MIB);
+    assert_eq!(z.reuse, Some(ReuseKind::SameStream));
+    assert_eq!(e.reserved(), 3 * G);
+    // not eligible (other stream, no rule): a new run instead
+    free(&mut e, &z, 5, 1);
+    let w = alloc(&mut e, &mut b, &o, 6 * MIB, 0);
+    assert_eq!(w.offset, 6 * MIB);
+    assert_eq!(w.reuse, None);
+    let _ = x;
+}
+
+#[test]
+fn growth_extends_leftwards_into_a_hole() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    o.all_complete = true;
+    let a = alloc(&mut e, &mut b, &o, G, 0);
+    let c = alloc(&mut e, &mut b, &o, G, 0);
+    let d = alloc(&mut e, &mut b, &o, G, 0);
+    // unmap a's granule: release it
+    free(&mut e, &a, 0, 1);
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), G);
+    e.check_invariants().unwrap();
+    // c freed: free block at [G, 2G) with a hole before it
+    free(&mut e, &c, 0, 2);
+    let big = alloc(&mut e, &mut b, &o, G + MIB, 0);
+    e.check_invariants().unwrap();
+    // either way only one granule is mapped; the lowest address wins the tie
+    assert_eq!(e.reserved(), 3 * G);
+    // extended leftwards: the block ends where the free block ended
+    assert_eq!(big.offset, MIB);
+    assert_eq!(big.reuse, Some(ReuseKind::SameStream));
+    let _ = d;
+}
+
+#[test]
+fn recycling_unmaps_complete_free_segments_before_mapping() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
+    let guard = alloc(&mut e, &mut b, &o, G, 0);
+    free(&mut e, &x, 0, 1);
+    assert_eq!(e.reserved(), 3 * G);
+    // incomplete: not recycled, reserved grows
+    let y = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    assert_eq!(e.reserved(), 6 * G);
+    assert_eq!(e.stats().unmap_calls, 0);
+    free(&mut e, &y, 0, 2);
+    // complete: y's block is extended by one granule, and x's segment is recycled for it
+    o.complete_bound.insert(0, 3);
+    let z = alloc(&mut e, &mut b, &o, 4 * G, 0);
+    assert_eq!(z.offset, y.offset);
+    assert_eq!(z.reuse, Some(ReuseKind::SameStream));
+    assert_eq!(e.stats().unmap_calls, 1);
+    assert_eq!(e.reserved(), 5 * G);
+    assert_eq!(b.total(), 5 * G);
+    free(&mut e, &z, 0, 3);
+    // a fresh run elsewhere recycles z's two segments (the smallest covering first)
+    o.complete_bound.insert(0, 4);
+    let w = alloc(&mut e, &mut b, &o, 5 * G, 1);
+    assert_eq!(w.reuse, None);
+    assert_eq!(e.stats().unmap_calls, 3);
+    assert_eq!(e.reserved(), 6 * G);
+    let _ = guard;
+}
+
+#[test]
+fn out_of_memory_then_recovery() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::with_capacity(4 * G);
+    let mut o = TestOrder::default();
+    let xs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    let before: Vec<_> = e.blocks().collect();
+    let err = e.alloc(1, 512, 0, &o, &mut b).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(ref i) if i.requested == 1 && i.rounded == 512));
+    assert_eq!(e.blocks().collect::<Vec<_>>(), before);
+    e.check_invariants().unwrap();
+    // a free on another stream, incomplete: still OOM, and not released
+    free(&mut e, &xs[0], 1, 5);
+    assert!(matches!(e.alloc(2 * G, 512, 0, &o, &mut b), Err(AllocError::OutOfMemory(_))));
+    assert_eq!(e.reserved(), 4 * G);
+    // complete: the OOM path releases it and retries
+    o.complete_bound.insert(1, 6);
+    free(&mut e, &xs[1], 1, 5);
+    let y = alloc(&mut e, &mut b, &o, 2 * G, 0);
+    assert_eq!(y.reuse, None);
+    assert_eq!(e.reserved(), 4 * G);
+    assert_eq!(e.stats().ooms, 2);
+}
+
+#[test]
+fn failed_map_rolls_back() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 3000, 0);
+    let before: Vec<_> = e.blocks().collect();
+    let stats = e.stats();
+    b.fail_next_map = Some(BackingError::Failed("injected".into()));
+    assert_eq!(e.alloc(3 * G, 512, 0, &o, &mut b), Err(AllocError::Backing("injected".into())));
+    e.check_invariants().unwrap();
+    assert_eq!(e.blocks().collect::<Vec<_>>(), before);
+    assert_eq!(e.stats(), stats);
+    // and it still works
+    let y = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    assert_eq!(y.offset, 3072);
+    let _ = x;
+}
+
+#[test]
+fn release_respects_live_and_incomplete_memory() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    let segs: Vec<_> = (0..6).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    let small = alloc(&mut e, &mut b, &o, 4096, 0); // in segment 6, with fresh tail
+    for (i, a) in segs.iter().enumerate() {
+        if i != 2 {
+            free(&mut e, a, (i % 2) as u32, 10 + i as u64);
+        }
+    }
+    // nothing complete: only the untagged tail... which shares a granule with `small`
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), 0);
+    // stream 0 complete (pos 10, 12, 14), stream 1 not
+    o.complete_bound.insert(0, 100);
+    let released = e.release(0, &o, &mut b).unwrap();
+    e.check_invariants().unwrap();
+    // segments 0 and 4 (2 is live); 1, 3, 5 are stream 1
+    assert_eq!(released, 2 * G);
+    for info in e.blocks() {
+        if let BlockState::Free(Some(t)) = info.state {
+            assert_eq!(t.stream, 1);
+        }
+    }
+    assert_eq!(e.block(segs[2].block).unwrap().state, BlockState::Live);
+    assert_eq!(e.block(small.block).unwrap().state, BlockState::Live);
+    assert_eq!(b.total(), e.reserved());
+}
+
+#[test]
+fn release_goes_highest_first_and_stops_at_the_target() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    o.all_complete = true;
+    let segs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    let live = alloc(&mut e, &mut b, &o, G, 0);
+    for a in &segs {
+        free(&mut e, a, 0, 1);
+    }
+    // the four free granules coalesced into one block, but are four segments
+    assert_eq!(e.stats().mapped_segments, 5);
+    assert_eq!(e.release(3 * G + 1, &o, &mut b).unwrap(), 2 * G);
+    e.check_invariants().unwrap();
+    let infos: Vec<_> = e.blocks().collect();
+    assert_eq!(
+        infos[0],
+        BlockInfo { offset: 0, size: 2 * G, state: BlockState::Free(Some(tag(0, 1))) }
+    );
+    assert_eq!(infos[1], BlockInfo { offset: 2 * G, size: 2 * G, state: BlockState::Unmapped });
+    // keep below used: only down to used
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), 2 * G);
+    assert_eq!(e.reserved(), G);
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), 0);
+    let _ = live;
+}
+
+#[test]
+fn release_unmap_error_keeps_state_exact() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    o.all_complete = true;
+    let segs: Vec<_> = (0..3).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    for a in &segs {
+        free(&mut e, a, 0, 1);
+    }
+    b.fail_next_unmap = Some(BackingError::Failed("nope".into()));
+    assert!(e.release(0, &o, &mut b).is_err());
+    e.check_invariants().unwrap();
+    assert_eq!(e.reserved(), 3 * G);
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), 3 * G);
+    e.check_invariants().unwrap();
+    assert_eq!(b.total(), 0);
+}
+
+#[test]
+fn teardown_unmaps_everything() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    let y = alloc(&mut e, &mut b, &o, 1000, 1);
+    assert!(e.teardown(&mut b).is_err());
+    assert_eq!(b.total(), e.reserved());
+    free(&mut e, &x, 0, 1);
+    free(&mut e, &y, 1, 1);
+    e.teardown(&mut b).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(b.total(), 0);
+    assert_eq!(e.reserved(), 0);
+    assert_eq!(e.blocks().count(), 1);
+    // usable afterwards
+    let z = alloc(&mut e, &mut b, &o, 1000, 0);
+    assert_eq!(z.offset, 0);
+}
+
+#[test]
+fn relocate_lower_moves_into_eligible_lower_space() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    let a = alloc(&mut e, &mut b, &o, 8192, 0);
+    let c = alloc(&mut e, &mut b, &o, 8192, 0);
+    let d = alloc(&mut e, &mut b, &o, 8192, 0);
+    // nothing lower for a
+    assert_eq!(e.relocate_lower(a.block, 0, &o), None);
+    free(&mut e, &a, 1, 4);
+    // a's space is on stream 1, not eligible for stream 0
+    assert_eq!(e.relocate_lower(d.block, 0, &o), None);
+    o.event.insert(1, 5);
+    let r = e.relocate_lower(d.block, 0, &o).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(r.offset, 0);
+    assert_eq!(r.size, 8192);
+    assert_eq!(r.reuse, Some(ReuseKind::EventDependency));
+    free(&mut e, &d, 0, 9);
+    // space above is never used
+    assert_eq!(e.relocate_lower(c.block, 0, &o), None);
+    // not live
+    assert_eq!(e.relocate_lower(d.block, 0, &o), None);
+    // alignment is kept
+    let big = e.alloc(4096, 65536, 0, &o, &mut b).unwrap();
+    let filler: Vec<_> = (0..40).map(|_| alloc(&mut e, &mut b, &o, 65536, 0)).collect();
+    free(&mut e, &filler[10], 0, 20);
+    let moved = e.relocate_lower(filler[30].block, 0, &o).unwrap();
+    assert_eq!(moved.offset, filler[10].offset);
+    let _ = (big, c);
+}
+
+#[test]
+fn stats_track_highs_and_counters() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    let y = alloc(&mut e, &mut b, &o, 512, 0);
+    free(&mut e, &x, 0, 1);
+    let s = e.stats();
+    assert_eq!(s.used, 512);
+    assert_eq!(s.used_high, 3 * G + 512);
+    assert_eq!(s.reserved, 4 * G);
+    assert_eq!(s.reserved_high, 4 * G);
+    assert_eq!(s.live_blocks, 1);
+    assert_eq!(s.live_blocks_high, 2);
+    assert_eq!((s.allocs, s.frees, s.fresh_allocs), (2, 1, 2));
+    assert_eq!(s.map_calls, 2);
+    assert_eq!(s.mapped_segments, 2);
+    assert_eq!(s.bytes_mapped_total, 4 * G);
+    assert_eq!(s.free_bytes, 4 * G - 512);
+    assert_eq!(s.pending_bytes, 3 * G);
+    assert_eq!(s.largest_free_block, 3 * G);
+    e.reset_used_high();
+    assert_eq!(e.stats().used_high, 512);
+    e.reset_reserved_high();
+    assert_eq!(e.stats().reserved_high, 4 * G);
+    let _ = y;
+}
+
+#[test]
+fn engine_is_send() {
+    fn is_send<T: Send>() {}
+    is_send::<Engine>();
+}
