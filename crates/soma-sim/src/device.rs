@@ -516,6 +516,8 @@ impl DeviceHal for SimDevice {
         let (d, dr) = end(dst, AccessMode::Write);
         let (s, sr) = end(src, AccessMode::Read);
         let ranges: Vec<Range> = dr.into_iter().chain(sr).collect();
+        self.core.memory.check_mapped(&ranges)?;
+        sleep(self.core.latency().copy_time(len));
         let mut acc =
             self.core.memory.acquire(Owner::Host("copy_sync"), &ranges, false).map_err(host_err)?;
         acc.copy(&d, &s, len)

@@ -130,7 +130,8 @@ pub struct LatencyModel {
     pub map: Duration,
     /// Per kernel, copy, memset or host function task.
     pub launch: Duration,
-    /// Copy bandwidth in bytes per second; `0` means copies take no modelled time.
+    /// Copy bandwidth in bytes per second, for copy tasks (on the worker) and `copy_sync`
+    /// (in the calling thread); `0` means copies take no modelled time.
     pub copy_bandwidth: u64,
 }
 

@@ -258,10 +258,10 @@ impl DeviceMemory {
             return Err(os_error("mprotect(NONE)"));
         }
         st.mapped.remove(&addr);
+        // Best effort: if madvise fails the range is still inaccessible and unmapped, only its
+        // pages stay resident, so the call as a whole succeeded.
         // SAFETY: as above, nothing refers to the range; MADV_DONTNEED on a private anonymous
         // mapping only drops its pages (they read as zero when mapped again).
-        // Best effort: if it fails the range is still inaccessible and unmapped, only its pages
-        // stay resident, so the call as a whole succeeded.
         let _ = unsafe { libc::madvise(self.ptr(addr).cast(), len as usize, libc::MADV_DONTNEED) };
         Ok(())
     }

@@ -3,6 +3,7 @@
 mod events;
 mod faults;
 mod memory;
+mod props;
 mod races;
 mod streams;
 
