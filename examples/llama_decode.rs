@@ -1,0 +1,601 @@
+//! The seed's scenario: LLaMA-7B-shaped decoding on the software NPU, with realistic driver
+//! latencies, once allocating every tensor through the plain driver (`malloc` / synchronise /
+//! `free`, as code without a pool must) and once through soma's stream-ordered pools.
+//!
+//! ```sh
+//! cargo run --release --example llama_decode            # about 15 s
+//! cargo run --release --example llama_decode -- --quick # a few steps of each, for CI
+//! ```
+//!
+//! What it allocates, per decode step (batch 1, fp16 shapes stored as `f32` activations):
+//! 32 layers × (norm, q, k, v, scores, probs, attention output, o-projection, residual,
+//! norm, gate, up, activation, down, residual) plus a KV cache per layer that grows by
+//! reallocation every 16 tokens, and the logits. The 13.5 GB of weights are allocated once
+//! and never written, so the process stays small; the kernels compute real attention over
+//! the KV cache, so both runs must produce the same tokens.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use soma::sim::{LatencyModel, Npu, SimDevice};
+use soma::{Device, DeviceBuffer, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream};
+
+const HIDDEN: usize = 4096;
+const LAYERS: usize = 32;
+const HEADS: usize = 32;
+const HEAD_DIM: usize = HIDDEN / HEADS;
+const FFN: usize = 11008;
+const VOCAB: usize = 32000;
+const PROMPT: usize = 96;
+const KV_BLOCK: usize = 16;
+const WEIGHT_BYTES_PER_ELEM: usize = 2; // fp16
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// How a run allocates its tensors; the decode code is written once against it.
+trait TensorAlloc<'s> {
+    type Buf<T: bytemuck::Pod + Send + Sync>: DeviceBuffer<Elem = T> + 's;
+    fn raw_alloc<T: bytemuck::Pod + Send + Sync>(&self, len: usize) -> soma::Result<Self::Buf<T>>;
+    fn clock(&self) -> &Cell<Duration>;
+    fn live(&self) -> &Cell<(u64, u64)>;
+
+    /// Allocates, timing the call and tracking live bytes.
+    fn alloc<T: bytemuck::Pod + Send + Sync>(&self, len: usize) -> soma::Result<Self::Buf<T>> {
+        let t = Instant::now();
+        let b = self.raw_alloc::<T>(len)?;
+        self.clock().set(self.clock().get() + t.elapsed());
+        let (live, high) = self.live().get();
+        let live = live + b.byte_len();
+        self.live().set((live, high.max(live)));
+        self.after_alloc();
+        Ok(b)
+    }
+
+    /// Called after every allocation (the driver path samples the device's memory there).
+    fn after_alloc(&self) {}
+
+    /// Frees, timing the call.
+    fn free<T: bytemuck::Pod + Send + Sync>(&self, b: Self::Buf<T>) {
+        let bytes = b.byte_len();
+        let t = Instant::now();
+        drop(b);
+        self.clock().set(self.clock().get() + t.elapsed());
+        let (live, high) = self.live().get();
+        self.live().set((live - bytes, high));
+    }
+}
+
+struct DriverPath<'d> {
+    dev: &'d Device,
+    sim: &'d SimDevice,
+    /// Device memory held by `malloc` outside this path (the weights).
+    baseline: Cell<u64>,
+    reserved_high: Cell<u64>,
+    clock: Cell<Duration>,
+    live: Cell<(u64, u64)>,
+}
+
+impl<'d> TensorAlloc<'d> for DriverPath<'d> {
+    type Buf<T: bytemuck::Pod + Send + Sync> = DriverAlloc<'d, T>;
+    fn raw_alloc<T: bytemuck::Pod + Send + Sync>(
+        &self,
+        len: usize,
+    ) -> soma::Result<DriverAlloc<'d, T>> {
+        DriverAlloc::new(self.dev, len)
+    }
+    fn clock(&self) -> &Cell<Duration> {
+        &self.clock
+    }
+    fn live(&self) -> &Cell<(u64, u64)> {
+        &self.live
+    }
+    fn after_alloc(&self) {
+        // Every driver allocation holds whole 2 MiB granules: this is the real footprint.
+        let held = self.sim.stats().malloc_bytes.saturating_sub(self.baseline.get());
+        self.reserved_high.set(self.reserved_high.get().max(held));
+    }
+}
+
+struct PoolPath<'s> {
+    pool: &'s MemPool<'s>,
+    stream: &'s Stream<'s>,
+    clock: Cell<Duration>,
+    live: Cell<(u64, u64)>,
+}
+
+impl<'s> TensorAlloc<'s> for PoolPath<'s> {
+    type Buf<T: bytemuck::Pod + Send + Sync> = PoolAlloc<'s, T>;
+    fn raw_alloc<T: bytemuck::Pod + Send + Sync>(
+        &self,
+        len: usize,
+    ) -> soma::Result<PoolAlloc<'s, T>> {
+        self.pool.alloc_async(len, self.stream)
+    }
+    fn clock(&self) -> &Cell<Duration> {
+        &self.clock
+    }
+    fn live(&self) -> &Cell<(u64, u64)> {
+        &self.live
+    }
+}
+
+/// A layer's KV cache: capacity grows by `KV_BLOCK` tokens, by reallocation and copy.
+struct KvCache<B> {
+    k: B,
+    v: B,
+    capacity: usize,
+}
+
+fn kernel_err(msg: &str) -> soma::hal::KernelError {
+    soma::hal::KernelError::new(msg)
+}
+
+/// One decode step through all layers; returns the next token.
+fn decode_step<'s, A: TensorAlloc<'s>>(
+    a: &A,
+    s: &Stream<'_>,
+    token: u32,
+    pos: usize,
+    caches: &mut Vec<KvCache<A::Buf<f32>>>,
+) -> Result<u32> {
+    let mut x = a.alloc::<f32>(HIDDEN)?;
+    s.launch("embed", &[KernelArg::write(&mut x)], move |b| {
+        for (i, v) in b.write::<f32>(0)?.iter_mut().enumerate() {
+            *v = ((token as usize * 31 + i * 7) % 97) as f32 / 97.0 - 0.5;
+        }
+        Ok(())
+    })?;
+    let seq = pos + 1;
+    for (layer, cache) in caches.iter_mut().enumerate() {
+        // Grow the cache by reallocation, as a `torch.cat`-style cache does.
+        if seq > cache.capacity {
+            let capacity = cache.capacity + KV_BLOCK;
+            let mut k = a.alloc::<f32>(capacity * HIDDEN)?;
+            let mut v = a.alloc::<f32>(capacity * HIDDEN)?;
+            s.copy(&mut k, &cache.k)?;
+            s.copy(&mut v, &cache.v)?;
+            let old = std::mem::replace(cache, KvCache { k, v, capacity });
+            a.free(old.k);
+            a.free(old.v);
+        }
+        let mut h = a.alloc::<f32>(HIDDEN)?;
+        rms_norm(s, &x, &mut h)?;
+        let mut q = a.alloc::<f32>(HIDDEN)?;
+        let mut k = a.alloc::<f32>(HIDDEN)?;
+        let mut v = a.alloc::<f32>(HIDDEN)?;
+        let salt = layer as f32 * 0.01;
+        s.launch(
+            "qkv_proj",
+            &[
+                KernelArg::read(&h),
+                KernelArg::write(&mut q),
+                KernelArg::write(&mut k),
+                KernelArg::write(&mut v),
+            ],
+            move |b| {
+                let h = b.read::<f32>(0)?;
+                let (q, k, v) = (b.write::<f32>(1)?, b.write::<f32>(2)?, b.write::<f32>(3)?);
+                for i in 0..HIDDEN {
+                    q[i] = h[i] * (0.9 + salt);
+                    k[i] = h[(i + 1) % HIDDEN] * (1.1 - salt);
+                    v[i] = h[(i + 7) % HIDDEN] + salt;
+                }
+                Ok(())
+            },
+        )?;
+        let row = pos;
+        s.launch(
+            "kv_append",
+            &[
+                KernelArg::read(&k),
+                KernelArg::read(&v),
+                KernelArg::write(&mut cache.k),
+                KernelArg::write(&mut cache.v),
+            ],
+            move |b| {
+                let (k, v) = (b.read::<f32>(0)?, b.read::<f32>(1)?);
+                let ck = b.write::<f32>(2)?;
+                ck.get_mut(row * HIDDEN..(row + 1) * HIDDEN)
+                    .ok_or_else(|| kernel_err("kv row"))?
+                    .copy_from_slice(k);
+                let cv = b.write::<f32>(3)?;
+                cv.get_mut(row * HIDDEN..(row + 1) * HIDDEN)
+                    .ok_or_else(|| kernel_err("kv row"))?
+                    .copy_from_slice(v);
+                Ok(())
+            },
+        )?;
+        a.free(k);
+        a.free(v);
+        let mut scores = a.alloc::<f32>(HEADS * seq)?;
+        s.launch(
+            "scores",
+            &[KernelArg::read(&q), KernelArg::read(&cache.k), KernelArg::write(&mut scores)],
+            move |b| {
+                let (q, ck, sc) = (b.read::<f32>(0)?, b.read::<f32>(1)?, b.write::<f32>(2)?);
+                let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+                for hd in 0..HEADS {
+                    let qh = &q[hd * HEAD_DIM..(hd + 1) * HEAD_DIM];
+                    for t in 0..seq {
+                        let kh = &ck[t * HIDDEN + hd * HEAD_DIM..t * HIDDEN + (hd + 1) * HEAD_DIM];
+                        sc[hd * seq + t] =
+                            qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        a.free(q);
+        let mut probs = a.alloc::<f32>(HEADS * seq)?;
+        s.launch("softmax", &[KernelArg::read(&scores), KernelArg::write(&mut probs)], move |b| {
+            let (sc, p) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+            for hd in 0..HEADS {
+                let row = &sc[hd * seq..(hd + 1) * seq];
+                let max = row.iter().copied().fold(f32::MIN, f32::max);
+                let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                for t in 0..seq {
+                    p[hd * seq + t] = (row[t] - max).exp() / sum;
+                }
+            }
+            Ok(())
+        })?;
+        a.free(scores);
+        let mut attn = a.alloc::<f32>(HIDDEN)?;
+        s.launch(
+            "attn_v",
+            &[KernelArg::read(&probs), KernelArg::read(&cache.v), KernelArg::write(&mut attn)],
+            move |b| {
+                let (p, cv, out) = (b.read::<f32>(0)?, b.read::<f32>(1)?, b.write::<f32>(2)?);
+                out.fill(0.0);
+                for hd in 0..HEADS {
+                    for t in 0..seq {
+                        let w = p[hd * seq + t];
+                        let vh = &cv[t * HIDDEN + hd * HEAD_DIM..t * HIDDEN + (hd + 1) * HEAD_DIM];
+                        for (o, v) in out[hd * HEAD_DIM..(hd + 1) * HEAD_DIM].iter_mut().zip(vh) {
+                            *o += w * v;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        a.free(probs);
+        let mut o = a.alloc::<f32>(HIDDEN)?;
+        elementwise(s, "o_proj", &attn, &mut o, |v| v * 0.5)?;
+        a.free(attn);
+        let mut x1 = a.alloc::<f32>(HIDDEN)?;
+        add(s, &x, &o, &mut x1)?;
+        a.free(o);
+        a.free(std::mem::replace(&mut x, x1));
+        let mut h2 = a.alloc::<f32>(HIDDEN)?;
+        rms_norm(s, &x, &mut h2)?;
+        let mut gate = a.alloc::<f32>(FFN)?;
+        let mut up = a.alloc::<f32>(FFN)?;
+        s.launch(
+            "gate_up",
+            &[KernelArg::read(&h2), KernelArg::write(&mut gate), KernelArg::write(&mut up)],
+            |b| {
+                let h = b.read::<f32>(0)?;
+                let (g, u) = (b.write::<f32>(1)?, b.write::<f32>(2)?);
+                for i in 0..FFN {
+                    g[i] = h[i % HIDDEN] * 1.5;
+                    u[i] = h[(i * 3) % HIDDEN] * 0.7;
+                }
+                Ok(())
+            },
+        )?;
+        a.free(h2);
+        let mut act = a.alloc::<f32>(FFN)?;
+        s.launch(
+            "silu_mul",
+            &[KernelArg::read(&gate), KernelArg::read(&up), KernelArg::write(&mut act)],
+            |b| {
+                let (g, u, out) = (b.read::<f32>(0)?, b.read::<f32>(1)?, b.write::<f32>(2)?);
+                for i in 0..FFN {
+                    out[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+                }
+                Ok(())
+            },
+        )?;
+        a.free(gate);
+        a.free(up);
+        let mut down = a.alloc::<f32>(HIDDEN)?;
+        s.launch("down", &[KernelArg::read(&act), KernelArg::write(&mut down)], |b| {
+            let (act, d) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+            d.fill(0.0);
+            for (i, v) in act.iter().enumerate() {
+                d[i % HIDDEN] += v * 0.1;
+            }
+            Ok(())
+        })?;
+        a.free(act);
+        let mut x2 = a.alloc::<f32>(HIDDEN)?;
+        add(s, &x, &down, &mut x2)?;
+        a.free(down);
+        a.free(h);
+        a.free(std::mem::replace(&mut x, x2));
+    }
+    let mut hn = a.alloc::<f32>(HIDDEN)?;
+    rms_norm(s, &x, &mut hn)?;
+    a.free(x);
+    let mut logits = a.alloc::<f32>(VOCAB)?;
+    s.launch("lm_head", &[KernelArg::read(&hn), KernelArg::write(&mut logits)], |b| {
+        let (h, l) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+        for (i, v) in l.iter_mut().enumerate() {
+            *v = h[i % HIDDEN] * ((i % 13) as f32 - 6.0) + h[(i * 5) % HIDDEN];
+        }
+        Ok(())
+    })?;
+    a.free(hn);
+    let mut next = a.alloc::<u32>(1)?;
+    s.launch("argmax", &[KernelArg::read(&logits), KernelArg::write(&mut next)], |b| {
+        let l = b.read::<f32>(0)?;
+        let best = l
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |acc, (i, &v)| if v > acc.1 { (i, v) } else { acc });
+        b.write::<u32>(1)?[0] = best.0 as u32;
+        Ok(())
+    })?;
+    a.free(logits);
+    let mut out = [0u32; 1];
+    s.copy_to_host(&next, &mut out)?; // the host needs the token: one sync per step
+    a.free(next);
+    Ok(out[0])
+}
+
+fn rms_norm<B1: DeviceBuffer<Elem = f32>, B2: DeviceBuffer<Elem = f32>>(
+    s: &Stream<'_>,
+    x: &B1,
+    out: &mut B2,
+) -> Result<()> {
+    s.launch("rms_norm", &[KernelArg::read(x), KernelArg::write(out)], |b| {
+        let (x, o) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + 1e-6).sqrt();
+        for (o, x) in o.iter_mut().zip(x) {
+            *o = x / rms;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn elementwise<B1, B2>(
+    s: &Stream<'_>,
+    name: &'static str,
+    x: &B1,
+    out: &mut B2,
+    f: fn(f32) -> f32,
+) -> Result<()>
+where
+    B1: DeviceBuffer<Elem = f32>,
+    B2: DeviceBuffer<Elem = f32>,
+{
+    s.launch(name, &[KernelArg::read(x), KernelArg::write(out)], move |b| {
+        let (x, o) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
+        for (o, x) in o.iter_mut().zip(x) {
+            *o = f(*x);
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn add<B1, B2, B3>(s: &Stream<'_>, x: &B1, y: &B2, out: &mut B3) -> Result<()>
+where
+    B1: DeviceBuffer<Elem = f32>,
+    B2: DeviceBuffer<Elem = f32>,
+    B3: DeviceBuffer<Elem = f32>,
+{
+    s.launch("add", &[KernelArg::read(x), KernelArg::read(y), KernelArg::write(out)], |b| {
+        let (x, y, o) = (b.read::<f32>(0)?, b.read::<f32>(1)?, b.write::<f32>(2)?);
+        for i in 0..o.len() {
+            o[i] = x[i] + y[i];
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// Element counts of the LLaMA-7B weights, one entry per tensor.
+fn weight_shapes() -> Vec<usize> {
+    let mut shapes = vec![VOCAB * HIDDEN]; // embedding
+    for _ in 0..LAYERS {
+        shapes.extend([HIDDEN * HIDDEN; 4]); // q, k, v, o
+        shapes.extend([HIDDEN * FFN; 3]); // gate, up, down
+        shapes.extend([HIDDEN; 2]); // norms
+    }
+    shapes.extend([HIDDEN, VOCAB * HIDDEN]); // final norm, lm head
+    shapes
+}
+
+/// Figures of one run.
+struct RunReport {
+    name: &'static str,
+    steps: usize,
+    tokens: Vec<u32>,
+    alloc_overhead: Duration,
+    driver_calls: u64,
+    reserved_high: u64,
+    used_high: u64,
+    wall: Duration,
+    weights_load: Duration,
+}
+
+fn driver_calls(sim: &SimDevice) -> u64 {
+    let c = sim.stats().calls;
+    c.malloc + c.free + c.alloc_physical + c.free_physical + c.map + c.unmap
+}
+
+fn run_driver(npu: &Npu, steps: usize) -> Result<RunReport> {
+    let dev = npu.device(0)?;
+    let sim = npu.sim_device(0)?;
+    let s = dev.create_stream()?;
+    let t = Instant::now();
+    // Weights: u16 stands in for fp16; allocated once, never written.
+    let weights: Vec<DriverAlloc<'_, u16>> = weight_shapes()
+        .into_iter()
+        .map(|n| DriverAlloc::new(&dev, n))
+        .collect::<soma::Result<_>>()?;
+    let weights_load = t.elapsed();
+    let path = DriverPath {
+        dev: &dev,
+        sim: &sim,
+        baseline: Cell::new(sim.stats().malloc_bytes),
+        reserved_high: Cell::new(0),
+        clock: Cell::new(Duration::ZERO),
+        live: Cell::new((0, 0)),
+    };
+    let mut caches = prompt_caches(&path, &s)?;
+    path.clock.set(Duration::ZERO);
+    let calls0 = driver_calls(&sim);
+    let mut token = 1u32;
+    let mut tokens = Vec::new();
+    let t = Instant::now();
+    for step in 0..steps {
+        token = decode_step(&path, &s, token, PROMPT + step, &mut caches)?;
+        tokens.push(token);
+    }
+    let wall = t.elapsed();
+    let report = RunReport {
+        name: "driver malloc/free",
+        steps,
+        tokens,
+        alloc_overhead: path.clock.get(),
+        driver_calls: driver_calls(&sim) - calls0,
+        reserved_high: path.reserved_high.get(),
+        used_high: path.live.get().1,
+        wall,
+        weights_load,
+    };
+    drop(caches);
+    drop(weights);
+    Ok(report)
+}
+
+fn prompt_caches<'s, A: TensorAlloc<'s>>(
+    a: &A,
+    s: &Stream<'_>,
+) -> Result<Vec<KvCache<A::Buf<f32>>>> {
+    let capacity = PROMPT.div_ceil(KV_BLOCK) * KV_BLOCK;
+    let mut caches = Vec::with_capacity(LAYERS);
+    for layer in 0..LAYERS {
+        let mut k = a.alloc::<f32>(capacity * HIDDEN)?;
+        let mut v = a.alloc::<f32>(capacity * HIDDEN)?;
+        let fill = (layer % 7) as u8;
+        s.memset(&mut k, fill)?;
+        s.memset(&mut v, fill)?;
+        caches.push(KvCache { k, v, capacity });
+    }
+    Ok(caches)
+}
+
+fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
+    let dev = npu.device(0)?;
+    let sim = npu.sim_device(0)?;
+    let s = dev.create_stream()?;
+    let weights_pool = MemPool::builder().max_size(16 << 30).build(&dev)?;
+    let acts_pool = MemPool::builder().max_size(8 << 30).build(&dev)?;
+    let t = Instant::now();
+    let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
+        .into_iter()
+        .map(|n| weights_pool.alloc_async(n, &s))
+        .collect::<soma::Result<_>>()?;
+    let weights_load = t.elapsed();
+    let path = PoolPath {
+        pool: &acts_pool,
+        stream: &s,
+        clock: Cell::new(Duration::ZERO),
+        live: Cell::new((0, 0)),
+    };
+    let mut caches = prompt_caches(&path, &s)?;
+    path.clock.set(Duration::ZERO);
+    let calls0 = driver_calls(&sim);
+    let mut token = 1u32;
+    let mut tokens = Vec::new();
+    let t = Instant::now();
+    for step in 0..steps {
+        token = decode_step(&path, &s, token, PROMPT + step, &mut caches)?;
+        tokens.push(token);
+    }
+    let wall = t.elapsed();
+    let stats = acts_pool.stats();
+    println!("\nactivation pool after the pool run:\n{stats}\n");
+    let report = RunReport {
+        name: "soma pool",
+        steps,
+        tokens,
+        alloc_overhead: path.clock.get(),
+        driver_calls: driver_calls(&sim) - calls0,
+        reserved_high: stats.reserved_high,
+        used_high: stats.used_high,
+        wall,
+        weights_load,
+    };
+    drop(caches);
+    drop(weights);
+    Ok(report)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (driver_steps, pool_steps) = if quick { (2, 8) } else { (6, 64) };
+    let npu = Npu::builder().latency(LatencyModel::ascend_like()).build()?;
+    let weights_gb = weight_shapes().iter().sum::<usize>() * WEIGHT_BYTES_PER_ELEM;
+    println!(
+        "LLaMA-7B decode on the software NPU: {LAYERS} layers, hidden {HIDDEN}, {:.1} GB of weights, prompt {PROMPT} tokens",
+        weights_gb as f64 / 1e9
+    );
+    println!("latency model: {:?}\n", LatencyModel::ascend_like());
+
+    let driver = run_driver(&npu, driver_steps)?;
+    let pool = run_pool(&npu, pool_steps)?;
+
+    println!(
+        "{:<20} {:>6} {:>14} {:>13} {:>12} {:>12} {:>8} {:>12} {:>12}",
+        "run",
+        "steps",
+        "alloc ms/step",
+        "driver calls",
+        "reserved hi",
+        "used hi",
+        "frag",
+        "wall ms/step",
+        "weights load"
+    );
+    for r in [&driver, &pool] {
+        let per = |d: Duration| d.as_secs_f64() * 1e3 / r.steps as f64;
+        println!(
+            "{:<20} {:>6} {:>14.3} {:>13.1} {:>12} {:>12} {:>8.3} {:>12.2} {:>10.0}ms",
+            r.name,
+            r.steps,
+            per(r.alloc_overhead),
+            r.driver_calls as f64 / r.steps as f64,
+            mib(r.reserved_high),
+            mib(r.used_high),
+            r.reserved_high as f64 / r.used_high.max(1) as f64,
+            per(r.wall),
+            r.weights_load.as_secs_f64() * 1e3,
+        );
+    }
+    let common = driver.tokens.len().min(pool.tokens.len());
+    if driver.tokens[..common] != pool.tokens[..common] {
+        return Err(format!("token mismatch: {:?} vs {:?}", driver.tokens, pool.tokens).into());
+    }
+    println!(
+        "\ntokens of both runs agree over the first {common} steps: {:?}",
+        &pool.tokens[..common]
+    );
+    println!(
+        "allocation overhead per step: {:.2} ms (driver) -> {:.3} ms (pool), {:.0}x less",
+        driver.alloc_overhead.as_secs_f64() * 1e3 / driver.steps as f64,
+        pool.alloc_overhead.as_secs_f64() * 1e3 / pool.steps as f64,
+        (driver.alloc_overhead.as_secs_f64() / driver.steps as f64)
+            / (pool.alloc_overhead.as_secs_f64() / pool.steps as f64).max(1e-12)
+    );
+    Ok(())
+}
