@@ -174,7 +174,12 @@ impl DeviceCore {
 /// * Device ranges touched by tasks and synchronous copies must lie inside mapped memory (they
 ///   may span adjacent mappings); otherwise [`DriverError::InvalidAddress`].
 /// * [`unmap`](DeviceHal::unmap) and [`free`](DeviceHal::free) of a range that a task in
-///   flight accesses fail with [`DriverError::InvalidValue`] and change nothing.
+///   flight (executing right now) accesses fail with [`DriverError::InvalidValue`] and change
+///   nothing. They do not synchronize: a task still *queued* on a stream that touches memory
+///   unmapped meanwhile fails when it runs ([`DriverError::TaskFailed`] with an
+///   invalid-address message) — ordering frees after last use is the caller's job.
+/// * `malloc` has its own fault rule ([`FaultKind::Malloc`]); its internal reservation,
+///   allocation and mapping neither consult nor count as `alloc_physical` / `map` calls.
 /// * A synchronous copy that conflicts with a task in flight (one of them writes overlapping
 ///   bytes) fails with [`DriverError::InvalidValue`] naming the data race.
 pub struct SimDevice {

@@ -7,7 +7,7 @@
 //! | NPU concept | software NPU |
 //! |---|---|
 //! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory, unmapped ones are given back to the OS |
-//! | capacity | accounted per device (default 64 GiB); beyond it, [`DriverError::OutOfMemory`](hal::DriverError::OutOfMemory) |
+//! | capacity | accounted per device (default 64 GiB); beyond it, [`OutOfMemory`](hal::DriverError::OutOfMemory) |
 //! | stream | a worker thread executing tasks strictly in enqueue order |
 //! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |
 //! | event | a position on a stream, stamped with an [`Instant`](std::time::Instant) when it completes |
