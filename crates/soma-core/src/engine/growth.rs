@@ -1,11 +1,20 @@
 //! Growth (mapping granules), recycling and releasing segments.
 
+use smallvec::SmallVec;
+
 use super::block::{Block, Kind, NIL};
 use super::tlsf::{class_of, SL};
 use super::{
     align_down, align_up, Allocation, Backing, BackingError, Engine, FreeTag, ReuseKind, Segment,
     StreamOrder, StreamSlot,
 };
+
+/// A growth maps its granules as about this many segments (each a power of two of at least
+/// one granule, aligned to its size), so that parts of a large block that later hold smaller
+/// ones can be recycled piecewise. Measured on the PyTorch traces: 1 segment per growth gives
+/// peak reserved / peak used up to 1.088 (BERT), 4 gives ≤ 1.026 at ~6× the map calls, one
+/// segment per granule ≤ 1.018 at ~12×.
+pub(super) const SEGMENTS_PER_GROWTH: u64 = 4;
 
 /// Why growth did not produce an allocation.
 #[derive(Debug)]
@@ -47,17 +56,22 @@ impl Engine {
         let Some(mut plan) = self.plan_growth(size, align, stream, order) else {
             return Err(GrowError::NoRoom);
         };
-        self.recycle(plan.map_len, plan.protect, order, backing);
+        // Recycle only what would raise reserved memory above its all-time high: below it,
+        // mapping costs no peak memory and recycling would only add driver calls.
+        let over = (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark);
+        self.recycle(over, plan.protect, order, backing);
         if plan.base.is_none() {
             // Recycling may have opened a lower hole.
             plan = self.plan_new_run(size).expect("recycling only enlarges holes");
         }
-        let token = match backing.map(plan.map_off, plan.map_len) {
-            Ok(t) => t,
-            Err(BackingError::OutOfMemory) => return Err(GrowError::NoRoom),
-            Err(BackingError::Failed(msg)) => return Err(GrowError::Backing(msg)),
-        };
-        let fresh = self.map_into_hole(plan.map_off, plan.map_len, token);
+        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
+        if let Err(e) = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens) {
+            return Err(match e {
+                BackingError::OutOfMemory => GrowError::NoRoom,
+                BackingError::Failed(msg) => GrowError::Backing(msg),
+            });
+        }
+        let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
         let alloc_end = plan.alloc_off + size;
         let Some(base) = plan.base else {
             return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None));
@@ -174,9 +188,51 @@ impl Engine {
         best.or_else(|| self.plan_new_run(size))
     }
 
+    /// The segment size for a growth of `len` bytes: the largest power of two of at most
+    /// `len / SEGMENTS_PER_GROWTH`, at least the granularity, at most `max_segment` (if set).
+    fn segment_size(&self, len: u64) -> u64 {
+        let c = (len / self.segments_per_growth).max(self.cfg.granularity);
+        let pow2 = 1u64 << (63 - c.leading_zeros());
+        match self.max_segment {
+            0 => pow2,
+            m => pow2.min(m),
+        }
+    }
+
+    /// Maps `[off, off + len)` as segments of [`Engine::segment_size`] (aligned to it),
+    /// recording `(offset, size, token)` of each; on failure unmaps what it mapped.
+    fn map_chunks(
+        &self,
+        off: u64,
+        len: u64,
+        backing: &mut dyn Backing,
+        out: &mut SmallVec<[(u64, u64, u64); 4]>,
+    ) -> Result<(), BackingError> {
+        let end = off + len;
+        let mut at = off;
+        let max_seg = self.segment_size(len);
+        while at < end {
+            let chunk_end = (align_down(at, max_seg) + max_seg).min(end);
+            match backing.map(at, chunk_end - at) {
+                Ok(token) => out.push((at, chunk_end - at, token)),
+                Err(e) => {
+                    for &(o, l, t) in out.iter().rev() {
+                        // Best effort: a failing unmap here leaves memory mapped in the
+                        // backing that the engine does not track; report the first error.
+                        let _ = backing.unmap(o, l, t);
+                    }
+                    out.clear();
+                    return Err(e);
+                }
+            }
+            at = chunk_end;
+        }
+        Ok(())
+    }
+
     /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
-    /// (in no index) and records the segment. Returns the new block.
-    fn map_into_hole(&mut self, off: u64, len: u64, token: u64) -> u32 {
+    /// (in no index) and records its segments. Returns the new block.
+    fn map_into_hole(&mut self, off: u64, len: u64, segments: &[(u64, u64, u64)]) -> u32 {
         let (&h0, &h) =
             self.holes.range(..=off).next_back().expect("a hole contains the mapped range");
         let hb = self.slab.blocks[h as usize];
@@ -196,11 +252,14 @@ impl Engine {
         m.tagged = false;
         m.stream = 0;
         m.pos = 0;
-        self.segments.insert(off, Segment { size: len, token });
+        for &(o, l, token) in segments {
+            self.segments.insert(o, Segment { size: l, token });
+        }
         let s = &mut self.stats;
         s.reserved += len;
         s.reserved_high = s.reserved_high.max(s.reserved);
-        s.map_calls += 1;
+        self.grow_mark = self.grow_mark.max(s.reserved);
+        s.map_calls += segments.len() as u64;
         s.bytes_mapped_total += len;
         mid
     }

@@ -474,6 +474,14 @@ pub struct Engine {
     stats: EngineStats,
     /// Reused buffer of (segment offset, segment size, first covering block).
     scratch: Vec<(u64, u64, u32)>,
+    /// Upper bound on the size of one mapping (0: unbounded), see
+    /// [`Engine::set_max_segment`].
+    max_segment: u64,
+    /// [`growth::SEGMENTS_PER_GROWTH`] (tests change it).
+    segments_per_growth: u64,
+    /// All-time high of `reserved` (not resettable): growth recycles only what would raise
+    /// reserved memory above it.
+    grow_mark: u64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -554,7 +562,24 @@ impl Engine {
             live_index: cfg.index_by_offset.then(OffsetMap::default),
             stats: EngineStats::default(),
             scratch: Vec::new(),
+            max_segment: 0,
+            segments_per_growth: growth::SEGMENTS_PER_GROWTH,
+            grow_mark: 0,
         })
+    }
+
+    /// Bounds the size of one mapping (one segment). By default a growth of `n` bytes maps
+    /// segments of the largest power of two `<= n / 4` (at least one granule), aligned to
+    /// their size; `bytes` caps that further (rounded up to a power of two, at least one
+    /// granule; 0 restores the default). Smaller segments let recycling and
+    /// [`Engine::release`] return memory more finely — one granule per segment gives the
+    /// least fragmentation — at the cost of more driver calls.
+    pub fn set_max_segment(&mut self, bytes: u64) {
+        self.max_segment = if bytes == 0 {
+            0
+        } else {
+            bytes.max(self.cfg.granularity).checked_next_power_of_two().unwrap_or(0)
+        };
     }
 
     /// The configuration the engine was created with.

@@ -384,8 +384,7 @@ fn growth_extends_a_free_block_into_the_hole() {
 fn growth_extends_leftwards_into_a_hole() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let mut o = TestOrder::default();
-    o.all_complete = true;
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let a = alloc(&mut e, &mut b, &o, G, 0);
     let c = alloc(&mut e, &mut b, &o, G, 0);
     let d = alloc(&mut e, &mut b, &o, G, 0);
@@ -408,6 +407,7 @@ fn growth_extends_leftwards_into_a_hole() {
 #[test]
 fn recycling_unmaps_complete_free_segments_before_mapping() {
     let mut e = engine(64 * G);
+    e.segments_per_growth = 1;
     let mut b = FakeBacking::new();
     let mut o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
@@ -428,11 +428,17 @@ fn recycling_unmaps_complete_free_segments_before_mapping() {
     assert_eq!(e.reserved(), 5 * G);
     assert_eq!(b.total(), 5 * G);
     free(&mut e, &z, 0, 3);
-    // a fresh run elsewhere recycles z's two segments (the smallest covering first)
+    // a fresh run elsewhere recycles z's segments (y's 6 MiB were mapped as power-of-two
+    // aligned segments [6M, 8M) and [8M, 12M)); the new run lands in the space they left
     o.complete_bound.insert(0, 4);
     let w = alloc(&mut e, &mut b, &o, 5 * G, 1);
     assert_eq!(w.reuse, None);
-    assert_eq!(e.stats().unmap_calls, 3);
+    assert_eq!(w.offset, y.offset);
+    assert_eq!(
+        b.unmap_log,
+        vec![(0, 4 * MIB), (12 * MIB, 2 * MIB), (8 * MIB, 4 * MIB), (6 * MIB, 2 * MIB)]
+    );
+    assert_eq!(e.stats().unmap_calls, 4);
     assert_eq!(e.reserved(), 6 * G);
     let _ = guard;
 }
@@ -514,8 +520,7 @@ fn release_respects_live_and_incomplete_memory() {
 fn release_goes_highest_first_and_stops_at_the_target() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let mut o = TestOrder::default();
-    o.all_complete = true;
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let segs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     let live = alloc(&mut e, &mut b, &o, G, 0);
     for a in &segs {
@@ -542,8 +547,7 @@ fn release_goes_highest_first_and_stops_at_the_target() {
 fn release_unmap_error_keeps_state_exact() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let mut o = TestOrder::default();
-    o.all_complete = true;
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let segs: Vec<_> = (0..3).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     for a in &segs {
         free(&mut e, a, 0, 1);
@@ -627,8 +631,9 @@ fn stats_track_highs_and_counters() {
     assert_eq!(s.live_blocks, 1);
     assert_eq!(s.live_blocks_high, 2);
     assert_eq!((s.allocs, s.frees, s.fresh_allocs), (2, 1, 2));
-    assert_eq!(s.map_calls, 2);
-    assert_eq!(s.mapped_segments, 2);
+    // 3 granules as segments of max(6 MiB / 4, 2 MiB) = 2 MiB, then one more granule
+    assert_eq!(s.map_calls, 4);
+    assert_eq!(s.mapped_segments, 4);
     assert_eq!(s.bytes_mapped_total, 4 * G);
     assert_eq!(s.free_bytes, 4 * G - 512);
     assert_eq!(s.pending_bytes, 3 * G);
@@ -644,4 +649,36 @@ fn stats_track_highs_and_counters() {
 fn engine_is_send() {
     fn is_send<T: Send>() {}
     is_send::<Engine>();
+}
+
+#[test]
+fn segment_policy() {
+    let mut e = engine(1024 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    // 64 MiB: segments of 16 MiB
+    let x = alloc(&mut e, &mut b, &o, 64 * MIB, 0);
+    assert_eq!(b.mapped.values().map(|v| v.0).collect::<Vec<_>>(), vec![16 * MIB; 4]);
+    // capped at one granule
+    e.set_max_segment(1);
+    let y = alloc(&mut e, &mut b, &o, 8 * MIB, 0);
+    assert_eq!(b.mapped.len(), 8);
+    // a fully free granule inside a partly used block can be released
+    free(&mut e, &y, 0, 1);
+    let z = alloc(&mut e, &mut b, &o, MIB, 0);
+    assert_eq!(z.offset, y.offset);
+    assert_eq!(e.release(0, &o, &mut b).unwrap(), 3 * G);
+    e.check_invariants().unwrap();
+    assert_eq!(e.reserved(), 64 * MIB + G);
+    // a map failure in the middle of a multi-segment growth unmaps what it mapped
+    e.set_max_segment(0);
+    b.capacity = Some(b.total() + 40 * MIB);
+    let before: Vec<_> = e.blocks().collect();
+    let maps = b.maps;
+    assert!(matches!(e.alloc(64 * MIB, 512, 0, &o, &mut b), Err(AllocError::OutOfMemory(_))));
+    assert!(b.maps > maps, "some segments were mapped before the failure");
+    assert_eq!(b.total(), e.reserved());
+    assert_eq!(e.blocks().collect::<Vec<_>>(), before);
+    e.check_invariants().unwrap();
+    let _ = (x, z);
 }
