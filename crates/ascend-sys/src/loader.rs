@@ -78,6 +78,9 @@ impl std::error::Error for LoadError {}
 /// ```
 pub struct Acl {
     lib: AclLib,
+    /// A second reference to the same library (the loader counts references), for
+    /// [`Acl::symbol`]: bindgen's table owns its own and does not expose it.
+    extra: libloading::Library,
     path: OsString,
 }
 
@@ -138,7 +141,12 @@ impl Acl {
         let lib = unsafe { AclLib::new(path) }.map_err(|e| LoadError::Open {
             attempts: vec![(path.to_string_lossy().into_owned(), e.to_string())],
         })?;
-        let acl = Acl { lib, path: path.to_owned() };
+        // SAFETY: the same library is already open (this only takes another reference), so no
+        // initialiser runs again.
+        let extra = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Open {
+            attempts: vec![(path.to_string_lossy().into_owned(), e.to_string())],
+        })?;
+        let acl = Acl { lib, extra, path: path.to_owned() };
         for symbol in REQUIRED_SYMBOLS {
             if let Some(err) = acl.symbol_error(symbol) {
                 return Err(err);
@@ -170,6 +178,29 @@ impl Acl {
     ) -> Result<F, LoadError> {
         match field(&self.lib) {
             Ok(f) => Ok(*f),
+            Err(e) => Err(LoadError::MissingSymbol {
+                symbol,
+                library: self.path.to_string_lossy().into_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Any symbol of the library by name, typed by the caller: for functions outside the
+    /// subset (e.g. a newer CANN's queries) or a test library's hooks.
+    ///
+    /// # Errors
+    /// [`LoadError::MissingSymbol`] when the library does not export `symbol`.
+    ///
+    /// # Safety
+    /// `T` must be the symbol's true type (a function pointer type with the C signature, or a
+    /// pointer for data), as for [`libloading::Library::get`], and the value must not be used
+    /// after `self` is dropped (the library may be unloaded then).
+    pub unsafe fn symbol<T: Copy>(&self, symbol: &'static str) -> Result<T, LoadError> {
+        // SAFETY: the caller guarantees `T` and that the copied value does not outlive `self`,
+        // which keeps the library open.
+        match unsafe { self.extra.get::<T>(symbol.as_bytes()) } {
+            Ok(sym) => Ok(*sym),
             Err(e) => Err(LoadError::MissingSymbol {
                 symbol,
                 library: self.path.to_string_lossy().into_owned(),
