@@ -139,6 +139,16 @@ impl MemState {
         self.pool_allocs.values().filter(|&&(_, p)| p == pool).count()
     }
 
+    #[cfg(test)]
+    pub(crate) fn test_map(&mut self, addr: u64, len: u64) {
+        self.mappings.insert(addr, (len, 0));
+    }
+
+    #[cfg(test)]
+    pub(crate) fn test_malloc(&mut self, addr: u64, len: u64) {
+        self.mallocs.insert(addr, len);
+    }
+
     fn overlaps_mapping(&self, start: u64, end: u64) -> bool {
         self.mappings.range(..end).next_back().is_some_and(|(&s, &(l, _))| s + l > start)
     }

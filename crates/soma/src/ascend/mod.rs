@@ -67,6 +67,9 @@ mod native_pool;
 mod raw;
 mod stream;
 
+#[cfg(test)]
+mod tests;
+
 pub use ascend_sys as sys;
 pub use ascend_sys::{Acl, AclError, LoadError};
 pub use device::{device_count, devices, AscendDevice, DEFAULT_GRANULARITY};

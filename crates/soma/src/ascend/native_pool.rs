@@ -256,6 +256,15 @@ impl NativePool {
         self.destroy_inner()
     }
 
+    /// The check [`destroy`](Self::destroy) makes first, without destroying (tests).
+    #[cfg(test)]
+    pub(crate) fn destroy_check(&self) -> DriverResult<()> {
+        match self.live_allocations() {
+            0 => Ok(()),
+            live => Err(DriverError::InvalidValue(format!("{live} live allocation(s)"))),
+        }
+    }
+
     fn destroy_inner(&mut self) -> DriverResult<()> {
         if self.destroyed {
             return Ok(());
