@@ -76,6 +76,15 @@ thread_local! {
     static CURRENT_DEVICE: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Forgets which device soma last made current on the calling thread, so that the next soma
+/// call on this thread calls `aclrtSetDevice` again.
+///
+/// Call it after code outside soma changed the thread's current device or context
+/// (`aclrtSetDevice`, `aclrtSetCurrentContext`) on a thread that soma also uses.
+pub fn forget_current_device() {
+    CURRENT_DEVICE.with(|c| c.set(0));
+}
+
 /// Bookkeeping of the device memory soma handed to or got from the runtime: it lets the
 /// backend validate device ranges (the HAL contract) and return the handle `unmap` needs.
 #[derive(Debug, Default)]
@@ -309,7 +318,7 @@ impl DeviceInner {
     }
 
     /// Free device memory in bytes, 0 if the runtime cannot say (for OOM reports).
-    fn free_bytes(&self) -> u64 {
+    pub(crate) fn free_bytes(&self) -> u64 {
         raw::device::mem_info(&self.acl, aclrtMemAttr::ACL_HBM_MEM).map_or(0, |(f, _)| f as u64)
     }
 

@@ -36,9 +36,11 @@
 //! * **Current device.** CANN's current device is per thread. Every call first makes its device
 //!   current with `aclrtSetDevice`, skipped when soma already made the same device current on
 //!   that thread (one thread-local read). The cache assumes nothing else changes the current
-//!   device of a thread between soma calls; code that does (calls `aclrtSetDevice` /
-//!   `aclrtSetCurrentContext` itself) must not interleave with soma calls on that thread.
-//!   `aclrtResetDevice` is never called.
+//!   device of a thread between soma calls; code that changes it (calls `aclrtSetDevice` /
+//!   `aclrtSetCurrentContext` itself) on a thread soma also uses must call
+//!   [`forget_current_device`] afterwards. `aclrtResetDevice` is never called (CANN counts
+//!   `aclrtSetDevice` calls per device; the cache keeps that count at one per thread and
+//!   device in the common case).
 //! * **Stream positions** are counted by the backend; see [`AscendStream`]'s module docs:
 //!   completion is learnt at synchronize / successful query / event completion / host function
 //!   completion, never by extra tasks.
@@ -72,7 +74,7 @@ mod tests;
 
 pub use ascend_sys as sys;
 pub use ascend_sys::{Acl, AclError, LoadError};
-pub use device::{device_count, devices, AscendDevice, DEFAULT_GRANULARITY};
+pub use device::{device_count, devices, forget_current_device, AscendDevice, DEFAULT_GRANULARITY};
 pub use event::AscendEvent;
 pub use native_pool::{attr_width, AttrWidth, NativePool};
 pub use stream::AscendStream;

@@ -198,7 +198,7 @@ impl NativePool {
         let p = unsafe {
             raw::pool::malloc_async(&self.dev.acl, to_usize(size)?, self.raw.0, stream.as_raw())
         }
-        .map_err(|e| map_alloc_err(e, size, || 0))?;
+        .map_err(|e| map_alloc_err(e, size, || self.dev.free_bytes()))?;
         let Some(ptr) = to_dev_ptr(p) else {
             return Err(DriverError::Native {
                 code: 0,

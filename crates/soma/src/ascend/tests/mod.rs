@@ -266,6 +266,10 @@ fn set_device_is_cached_per_thread() {
     .join()
     .unwrap();
     assert_eq!(hook_i(&acl, "mock_set_device_calls"), before + 1, "once on the new thread");
+    forget_current_device();
+    d.mem_info().unwrap();
+    d.mem_info().unwrap();
+    assert_eq!(hook_i(&acl, "mock_set_device_calls"), before + 2, "again after forgetting");
 }
 
 #[test]
