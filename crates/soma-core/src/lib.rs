@@ -12,6 +12,7 @@
 
 pub mod engine;
 pub mod hal;
+pub mod observe;
 
 mod buffer;
 mod clock;

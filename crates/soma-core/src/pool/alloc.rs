@@ -77,14 +77,13 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     ///
     /// # Errors
     /// Backend failures while ordering the free after other streams' uses.
+    #[track_caller]
     pub fn free(mut self) -> Result<()> {
         self.live = false;
-        self.release()
-    }
-
-    fn release(&self) -> Result<()> {
+        let location = std::panic::Location::caller();
         let uses = std::mem::take(&mut *self.uses.lock());
-        self.pool.core().free_block(&self.pool.device().shared, self.block, self.stream, &uses)
+        let device = &self.pool.device().shared;
+        self.pool.core().free_block(device, self.block, self.stream, &uses, Some(location))
     }
 
     /// Moves the allocation to stream `to`: records an event on its current stream and makes
@@ -171,8 +170,13 @@ impl<T> Drop for PoolAlloc<'_, T> {
             return;
         }
         let uses = std::mem::take(&mut *self.uses.lock());
-        let result =
-            self.pool.core().free_block(&self.pool.device().shared, self.block, self.stream, &uses);
+        let result = self.pool.core().free_block(
+            &self.pool.device().shared,
+            self.block,
+            self.stream,
+            &uses,
+            None,
+        );
         if let Err(e) = result {
             // Never panic, never print: the pool reports it at its next fallible call.
             self.pool.core().set_sticky(e);

@@ -20,7 +20,10 @@ use crate::engine::{
 };
 use crate::error::{Error, OutOfMemory, Result};
 use crate::hal::{DeviceHal, DevicePtr, PhysicalHandle};
+use crate::observe::{History, Record, RecordKind};
 use crate::stream::Stream;
+use std::panic::Location;
+use std::time::Instant;
 
 pub(crate) const FOLLOW_EVENT_DEPENDENCIES: u32 = 1 << 0;
 pub(crate) const OPPORTUNISTIC: u32 = 1 << 1;
@@ -103,6 +106,7 @@ pub struct MemPoolBuilder {
     reuse: ReusePolicy,
     alignment: u64,
     index_by_offset: bool,
+    history: usize,
 }
 
 impl Default for MemPoolBuilder {
@@ -113,6 +117,7 @@ impl Default for MemPoolBuilder {
             reuse: ReusePolicy::default(),
             alignment: 512,
             index_by_offset: false,
+            history: 0,
         }
     }
 }
@@ -156,6 +161,14 @@ impl MemPoolBuilder {
     /// path); costs a hash-map update per allocation and free.
     pub fn raw_pointers(mut self, on: bool) -> Self {
         self.index_by_offset = on;
+        self
+    }
+
+    /// Keeps the last `capacity` pool events (alloc, free, map, unmap, trim, OOM) with
+    /// timestamps, streams, sizes, offsets and caller locations; 0 (the default) keeps none
+    /// and costs nothing on the hot path.
+    pub fn history(mut self, capacity: usize) -> Self {
+        self.history = capacity;
         self
     }
 
@@ -217,7 +230,14 @@ impl MemPoolBuilder {
             reuse: AtomicU32::new(self.reuse.bits()),
             release_threshold: AtomicU64::new(threshold),
             torn_down: AtomicBool::new(false),
-            inner: Mutex::new(PoolInner { engine, sticky: None, oom_retries: 0, ooms: 0 }),
+            inner: Mutex::new(PoolInner {
+                engine,
+                sticky: None,
+                oom_retries: 0,
+                ooms: 0,
+                history: (self.history > 0).then(|| History::new(self.history)),
+            }),
+            created: Instant::now(),
         });
         device.shared.register_pool(&core);
         Ok(MemPool { device, core })
@@ -231,6 +251,63 @@ pub(crate) struct PoolInner {
     oom_retries: u64,
     /// Allocations that failed with out of memory (after the retry, if any).
     ooms: u64,
+    pub(crate) history: Option<History>,
+}
+
+impl PoolInner {
+    /// Splits the engine from a backing that maps through `core` and records into the history.
+    fn parts<'a>(&'a mut self, core: &'a PoolCore) -> (&'a mut Engine, HalBacking<'a>) {
+        let (used, reserved) = (self.engine.used(), self.engine.reserved());
+        let backing = HalBacking {
+            hal: &*core.hal,
+            base: core.base,
+            history: self.history.as_mut(),
+            created: core.created,
+            used,
+            reserved,
+        };
+        (&mut self.engine, backing)
+    }
+
+    fn record(
+        &mut self,
+        core: &PoolCore,
+        kind: RecordKind,
+        stream: u64,
+        offset: u64,
+        size: u64,
+        requested: u64,
+    ) {
+        self.record_full(core, kind, stream, offset, size, requested, None, None);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_full(
+        &mut self,
+        core: &PoolCore,
+        kind: RecordKind,
+        stream: u64,
+        offset: u64,
+        size: u64,
+        requested: u64,
+        reuse: Option<crate::engine::ReuseKind>,
+        location: Option<&'static Location<'static>>,
+    ) {
+        if let Some(history) = self.history.as_mut() {
+            history.push(Record {
+                t_ns: core.created.elapsed().as_nanos() as u64,
+                kind,
+                stream,
+                offset,
+                size,
+                requested,
+                used: self.engine.used(),
+                reserved: self.engine.reserved(),
+                reuse,
+                location,
+            });
+        }
+    }
 }
 
 /// The shared part of a pool (also reachable from the device, for release at synchronize).
@@ -244,12 +321,36 @@ pub(crate) struct PoolCore {
     release_threshold: AtomicU64,
     torn_down: AtomicBool,
     pub(crate) inner: Mutex<PoolInner>,
+    created: Instant,
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
 struct HalBacking<'a> {
     hal: &'a dyn DeviceHal,
     base: DevicePtr,
+    history: Option<&'a mut History>,
+    created: Instant,
+    used: u64,
+    reserved: u64,
+}
+
+impl HalBacking<'_> {
+    fn record(&mut self, kind: RecordKind, offset: u64, size: u64) {
+        if let Some(history) = self.history.as_deref_mut() {
+            history.push(Record {
+                t_ns: self.created.elapsed().as_nanos() as u64,
+                kind,
+                stream: 0,
+                offset,
+                size,
+                requested: 0,
+                used: self.used,
+                reserved: self.reserved,
+                reuse: None,
+                location: None,
+            });
+        }
+    }
 }
 
 impl Backing for HalBacking<'_> {
@@ -264,6 +365,8 @@ impl Backing for HalBacking<'_> {
             let _ = self.hal.free_physical(handle);
             return Err(map_backing_error(e));
         }
+        self.reserved += size;
+        self.record(RecordKind::Map, offset, size);
         Ok(handle.0)
     }
 
@@ -366,10 +469,6 @@ impl PoolCore {
         f(&mut self.inner.lock().engine)
     }
 
-    fn backing(&self) -> HalBacking<'_> {
-        HalBacking { hal: &*self.hal, base: self.base }
-    }
-
     pub(crate) fn ptr_at(&self, offset: u64) -> DevicePtr {
         // The engine hands out offsets inside the reserved range, which does not wrap.
         self.base.checked_add(offset).unwrap_or(self.base)
@@ -386,11 +485,15 @@ impl PoolCore {
             return;
         }
         let order = Order { device, requester: None, reuse: 0 };
-        if let Err(e) = inner.engine.release(threshold, &order, &mut self.backing()) {
-            inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
-                code: -1,
-                message: format!("releasing memory at the threshold failed: {e:?}"),
-            }));
+        let (engine, mut backing) = inner.parts(self);
+        match engine.release(threshold, &order, &mut backing) {
+            Ok(released) => inner.record(self, RecordKind::Trim, 0, 0, released, 0),
+            Err(e) => {
+                inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
+                    code: -1,
+                    message: format!("releasing memory at the threshold failed: {e:?}"),
+                }));
+            }
         }
     }
 
@@ -405,52 +508,51 @@ impl PoolCore {
         device: &DeviceShared,
         bytes: u64,
         stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
     ) -> Result<Allocation> {
-        let order =
-            Order { device, requester: Some(stream), reuse: self.reuse.load(Ordering::Relaxed) };
+        let reuse = self.reuse.load(Ordering::Relaxed);
+        let order = Order { device, requester: Some(stream), reuse };
         let first = {
             let mut inner = self.inner.lock();
             if let Some(e) = inner.sticky.take() {
                 return Err(e);
             }
-            inner.engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut self.backing())
+            let (engine, mut backing) = inner.parts(self);
+            engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
         };
-        let allocation = match first {
-            Ok(a) => a,
+        let result = match first {
             Err(AllocError::OutOfMemory(info)) if !info.pending.is_empty() => {
                 // Wait (without the pool lock) for the streams holding pending frees, then
                 // retry once: their blocks become host-observed and reusable here.
-                let mut waited = false;
                 for pending in &info.pending {
                     if let Some(live) = device.live_stream(pending.stream) {
                         let enqueued = live.enqueued();
                         let _ = live.hal.synchronize();
                         device.observe(pending.stream, enqueued + 1);
-                        waited = true;
                     }
                 }
-                let retry = {
-                    let mut inner = self.inner.lock();
-                    inner.oom_retries += 1;
-                    let order = Order {
-                        device,
-                        requester: Some(stream),
-                        reuse: self.reuse.load(Ordering::Relaxed),
-                    };
-                    inner.engine.alloc(
-                        bytes,
-                        self.alignment,
-                        stream.slot(),
-                        &order,
-                        &mut self.backing(),
-                    )
-                };
-                match retry {
-                    Ok(a) => a,
-                    Err(e) => return Err(self.alloc_error(e, bytes, stream, waited)),
-                }
+                let mut inner = self.inner.lock();
+                inner.oom_retries += 1;
+                let (engine, mut backing) = inner.parts(self);
+                engine
+                    .alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
+                    .map_err(|e| (e, true))
             }
-            Err(e) => return Err(self.alloc_error(e, bytes, stream, false)),
+            other => other.map_err(|e| (e, false)),
+        };
+        let allocation = match result {
+            Ok(a) => a,
+            Err((e, retried)) => {
+                let oom = matches!(e, AllocError::OutOfMemory(_));
+                let error = self.alloc_error(e, bytes, stream, retried);
+                let mut inner = self.inner.lock();
+                if oom {
+                    inner.ooms += 1;
+                }
+                let kind = if oom { RecordKind::Oom } else { RecordKind::AllocFailed };
+                inner.record_full(self, kind, stream.id(), 0, 0, bytes, None, location);
+                return Err(error);
+            }
         };
         if let Some(tag) = allocation.dependency {
             if let Err(e) = self.insert_dependency(device, tag, stream) {
@@ -458,6 +560,19 @@ impl PoolCore {
                 let _ = self.inner.lock().engine.free(allocation.block, tag);
                 return Err(e);
             }
+        }
+        let mut inner = self.inner.lock();
+        if inner.history.is_some() {
+            inner.record_full(
+                self,
+                RecordKind::Alloc,
+                stream.id(),
+                allocation.offset,
+                allocation.size,
+                bytes,
+                allocation.reuse,
+                location,
+            );
         }
         Ok(allocation)
     }
@@ -489,7 +604,6 @@ impl PoolCore {
                 message: format!("mapping failed: {msg}"),
             }),
             AllocError::OutOfMemory(info) => {
-                self.inner.lock().ooms += 1;
                 let mem = self.hal.mem_info().ok();
                 Error::OutOfMemory(Box::new(OutOfMemory {
                     requested: bytes,
@@ -517,6 +631,7 @@ impl PoolCore {
         block: BlockId,
         stream: &Stream<'_>,
         other_uses: &[StreamSlot],
+        location: Option<&'static Location<'static>>,
     ) -> Result<()> {
         for &user in other_uses {
             if user == stream.slot() {
@@ -530,9 +645,16 @@ impl PoolCore {
             }
         }
         let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
-        self.inner.lock().engine.free(block, tag).map_err(|e| {
+        let mut inner = self.inner.lock();
+        let info = if inner.history.is_some() { inner.engine.block(block) } else { None };
+        inner.engine.free(block, tag).map_err(|e| {
             Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
-        })
+        })?;
+        if let Some(info) = info {
+            let (offset, size) = (info.offset, info.size);
+            inner.record_full(self, RecordKind::Free, stream.id(), offset, size, 0, None, location);
+        }
+        Ok(())
     }
 }
 
@@ -602,6 +724,7 @@ impl<'d> MemPool<'d> {
     /// [`Error::InvalidSize`] for 0 or overflowing sizes, [`Error::WrongDevice`] for a stream
     /// of another device, [`Error::OutOfMemory`] when the pool cannot grow (after waiting for
     /// pending frees and retrying once), a sticky error from an earlier failed `Drop`.
+    #[track_caller]
     pub fn alloc_async<'s, T: bytemuck::Pod + Send + Sync>(
         &'s self,
         len: usize,
@@ -609,7 +732,8 @@ impl<'d> MemPool<'d> {
     ) -> Result<PoolAlloc<'s, T>> {
         stream.check_device(self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
-        let allocation = self.core.allocate(&self.device.shared, bytes, stream)?;
+        let location = Location::caller();
+        let allocation = self.core.allocate(&self.device.shared, bytes, stream, Some(location))?;
         Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
     }
 
@@ -623,7 +747,7 @@ impl<'d> MemPool<'d> {
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
-        let a = self.core.allocate(&self.device.shared, bytes, stream)?;
+        let a = self.core.allocate(&self.device.shared, bytes, stream, None)?;
         Ok((self.core.ptr_at(a.offset), a.size))
     }
 
@@ -639,7 +763,7 @@ impl<'d> MemPool<'d> {
                 "{ptr} is not the start of a live allocation of this pool"
             ))
         })?;
-        self.core.free_block(&self.device.shared, block, stream, &[])
+        self.core.free_block(&self.device.shared, block, stream, &[], None)
     }
 
     /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
@@ -703,12 +827,15 @@ impl<'d> MemPool<'d> {
         }
         let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
         let mut inner = self.core.inner.lock();
-        inner.engine.release(bytes, &order, &mut self.core.backing()).map_err(|e| {
+        let (engine, mut backing) = inner.parts(&self.core);
+        let released = engine.release(bytes, &order, &mut backing).map_err(|e| {
             Error::Driver(crate::hal::DriverError::Native {
                 code: -1,
                 message: format!("unmap failed: {e:?}"),
             })
-        })
+        })?;
+        inner.record(&self.core, RecordKind::Trim, 0, 0, released, 0);
+        Ok(released)
     }
 
     /// A consistent snapshot of the pool's counters; O(1).
@@ -771,10 +898,20 @@ impl<'d> MemPool<'d> {
                 return Err(e.into());
             }
             let old = a.relocate(target.block, new_ptr);
-            self.core.free_block(&self.device.shared, old.0, stream, &old.1)?;
+            self.core.free_block(&self.device.shared, old.0, stream, &old.1, None)?;
             moved += 1;
         }
         Ok(moved)
+    }
+
+    /// The event history, oldest first (empty unless built with
+    /// [`MemPoolBuilder::history`]), and how many older records were dropped.
+    pub fn history(&self) -> (Vec<Record>, u64) {
+        let inner = self.core.inner.lock();
+        match &inner.history {
+            Some(h) => (h.records().copied().collect(), h.dropped()),
+            None => (Vec::new(), 0),
+        }
     }
 
     pub(crate) fn core(&self) -> &PoolCore {
@@ -811,7 +948,8 @@ impl Drop for MemPool<'_> {
         self.core.torn_down.store(true, Ordering::Release);
         let mut inner = self.core.inner.lock();
         // Nothing to report to from a destructor; the device's counters show any leak.
-        let _ = inner.engine.teardown(&mut self.core.backing());
+        let (engine, mut backing) = inner.parts(&self.core);
+        let _ = engine.teardown(&mut backing);
         drop(inner);
         let _ = self.core.hal.release(self.core.base);
     }
