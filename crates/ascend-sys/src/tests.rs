@@ -211,3 +211,11 @@ fn load_error_display() {
         "cannot load the AscendCL library: /a/libascendcl.so: no such file; libascendcl.so: not found"
     );
 }
+
+#[test]
+fn handles_are_thread_safe() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Acl>();
+    send_sync::<AclError>();
+    send_sync::<LoadError>();
+}

@@ -523,3 +523,12 @@ fn native_pool_round_trip() {
     s.synchronize().unwrap();
     pool.destroy().unwrap();
 }
+
+#[test]
+fn public_types_are_thread_safe() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<AscendDevice>();
+    send_sync::<AscendStream>();
+    send_sync::<AscendEvent>();
+    send_sync::<NativePool>();
+}
