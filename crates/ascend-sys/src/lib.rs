@@ -38,6 +38,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Why bindgen's dynamic-loading output
+//!
+//! The function table is bindgen's `dynamic_library_name("AclLib")` output with
+//! `dynamic_link_require_all(false)`, not hand-written `libloading` code: the headers stay the
+//! single source of truth for every signature, and the drift check covers the functions as
+//! well as the types. `require_all(false)` makes each entry a `Result`, so a library without
+//! some functions (a CANN release without the pool API) still loads and the gap is an error
+//! at lookup. The one cost: bindgen also generates convenience methods on [`AclLib`] that
+//! `expect()` the entry, i.e. panic on a missing symbol. [`acl_fn!`] / [`Acl::entry`] are the
+//! supported path; the methods are left as generated (editing generated code would defeat the
+//! drift check).
+//!
 //! # Regenerating the bindings
 //!
 //! `cargo build -p ascend-sys --features bindgen` regenerates them with bindgen (needs libclang;
