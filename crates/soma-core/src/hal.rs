@@ -189,8 +189,9 @@ impl dyn KernelBuffers + '_ {
     /// # Errors
     /// As [`KernelBuffers::bytes`], or the bytes are not a whole, aligned `[T]`.
     pub fn read<T: bytemuck::Pod>(&self, index: usize) -> Result<&[T], KernelError> {
-        bytemuck::try_cast_slice(self.bytes(index)?)
-            .map_err(|e| KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>())))
+        bytemuck::try_cast_slice(self.bytes(index)?).map_err(|e| {
+            KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>()))
+        })
     }
 
     /// Buffer `index` as `&mut [T]`.
@@ -199,8 +200,9 @@ impl dyn KernelBuffers + '_ {
     /// As [`KernelBuffers::bytes_mut`], or the bytes are not a whole, aligned `[T]`.
     #[allow(clippy::mut_from_ref)]
     pub fn write<T: bytemuck::Pod>(&self, index: usize) -> Result<&mut [T], KernelError> {
-        bytemuck::try_cast_slice_mut(self.bytes_mut(index)?)
-            .map_err(|e| KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>())))
+        bytemuck::try_cast_slice_mut(self.bytes_mut(index)?).map_err(|e| {
+            KernelError(format!("buffer {index} is not a [{}]: {e}", std::any::type_name::<T>()))
+        })
     }
 }
 
@@ -219,7 +221,10 @@ pub struct KernelLaunch {
 
 impl fmt::Debug for KernelLaunch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KernelLaunch").field("name", &self.name).field("buffers", &self.buffers).finish()
+        f.debug_struct("KernelLaunch")
+            .field("name", &self.name)
+            .field("buffers", &self.buffers)
+            .finish()
     }
 }
 

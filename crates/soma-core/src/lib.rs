@@ -28,5 +28,7 @@ pub use device::{Device, MAX_STREAMS};
 pub use error::{Bytes, Error, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
 pub use pool::attr;
-pub use pool::{MemPool, MemPoolBuilder, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy};
+pub use pool::{
+    MemPool, MemPoolBuilder, OomAction, OomHook, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
+};
 pub use stream::{KernelArg, Stream};

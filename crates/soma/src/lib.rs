@@ -52,8 +52,9 @@
 
 pub use soma_core::hal;
 pub use soma_core::{
-    attr, elapsed_ms, Bytes, BufferOwner, Device, DeviceBuffer, DriverAlloc, Error, Event, KernelArg, MemPool,
-    MemPoolBuilder, OutOfMemory, PoolAlloc, PoolStats, Result, ReuseCounts, ReusePolicy, Stream, MAX_STREAMS,
+    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DriverAlloc, Error, Event,
+    KernelArg, MemPool, MemPoolBuilder, OomAction, OutOfMemory, PoolAlloc, PoolStats, Result,
+    ReuseCounts, ReusePolicy, Stream, MAX_STREAMS,
 };
 
 #[cfg(feature = "ascend")]

@@ -102,6 +102,39 @@ impl History {
     }
 }
 
+/// `tracing` events (feature `tracing`); no-ops without it. None is on the hot path.
+#[cfg(feature = "tracing")]
+mod trace_hooks {
+    pub(crate) fn trace_pool_created(id: u64, max_size: u64, threshold: u64, alignment: u64) {
+        tracing::info!(
+            pool = id,
+            max_size,
+            release_threshold = threshold,
+            alignment,
+            "soma pool created"
+        );
+    }
+    pub(crate) fn trace_map(offset: u64, size: u64, reserved: u64) {
+        tracing::debug!(offset, size, reserved, "soma pool grew (map)");
+    }
+    pub(crate) fn trace_trim(cause: &'static str, released: u64, reserved: u64) {
+        tracing::debug!(cause, released, reserved, "soma pool released memory");
+    }
+    pub(crate) fn trace_oom(error: &crate::Error) {
+        tracing::warn!(%error, "soma pool out of memory");
+    }
+}
+
+#[cfg(not(feature = "tracing"))]
+mod trace_hooks {
+    pub(crate) fn trace_pool_created(_: u64, _: u64, _: u64, _: u64) {}
+    pub(crate) fn trace_map(_: u64, _: u64, _: u64) {}
+    pub(crate) fn trace_trim(_: &'static str, _: u64, _: u64) {}
+    pub(crate) fn trace_oom(_: &crate::Error) {}
+}
+
+pub(crate) use trace_hooks::{trace_map, trace_oom, trace_pool_created, trace_trim};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 pub use alloc::PoolAlloc;
+
 pub use stats::{PoolStats, ReuseCounts};
 
 use crate::buffer::bytes_for;
@@ -28,6 +29,18 @@ use std::time::Instant;
 pub(crate) const FOLLOW_EVENT_DEPENDENCIES: u32 = 1 << 0;
 pub(crate) const OPPORTUNISTIC: u32 = 1 << 1;
 pub(crate) const INTERNAL_DEPENDENCIES: u32 = 1 << 2;
+
+/// What an out-of-memory hook asks the pool to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OomAction {
+    /// Report the error.
+    Fail,
+    /// The hook freed memory: try the allocation once more.
+    Retry,
+}
+
+/// A hook called when an allocation is about to fail with out of memory.
+pub type OomHook = Arc<dyn Fn(&OutOfMemory) -> OomAction + Send + Sync>;
 
 /// Which cross-stream reuse rules a pool applies (same-stream reuse is always on).
 ///
@@ -98,7 +111,7 @@ impl Default for ReusePolicy {
 }
 
 /// Builds a [`MemPool`]; invalid combinations are rejected by [`build`](Self::build).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[must_use]
 pub struct MemPoolBuilder {
     max_size: u64,
@@ -107,6 +120,21 @@ pub struct MemPoolBuilder {
     alignment: u64,
     index_by_offset: bool,
     history: usize,
+    on_oom: Option<OomHook>,
+}
+
+impl std::fmt::Debug for MemPoolBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemPoolBuilder")
+            .field("max_size", &self.max_size)
+            .field("release_threshold", &self.release_threshold)
+            .field("reuse", &self.reuse)
+            .field("alignment", &self.alignment)
+            .field("raw_pointers", &self.index_by_offset)
+            .field("history", &self.history)
+            .field("on_oom", &self.on_oom.is_some())
+            .finish()
+    }
 }
 
 impl Default for MemPoolBuilder {
@@ -118,6 +146,7 @@ impl Default for MemPoolBuilder {
             alignment: 512,
             index_by_offset: false,
             history: 0,
+            on_oom: None,
         }
     }
 }
@@ -169,6 +198,17 @@ impl MemPoolBuilder {
     /// and costs nothing on the hot path.
     pub fn history(mut self, capacity: usize) -> Self {
         self.history = capacity;
+        self
+    }
+
+    /// A hook called (without the pool's lock) when an allocation is about to fail with out
+    /// of memory, after the pool's own wait-and-retry; if it returns [`OomAction::Retry`] the
+    /// allocation is tried once more. See also [`MemPool::alloc_async_or`].
+    pub fn on_oom(
+        mut self,
+        hook: impl Fn(&OutOfMemory) -> OomAction + Send + Sync + 'static,
+    ) -> Self {
+        self.on_oom = Some(Arc::new(hook));
         self
     }
 
@@ -238,8 +278,10 @@ impl MemPoolBuilder {
                 history: (self.history > 0).then(|| History::new(self.history)),
             }),
             created: Instant::now(),
+            on_oom: self.on_oom,
         });
         device.shared.register_pool(&core);
+        crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
         Ok(MemPool { device, core })
     }
 }
@@ -322,6 +364,7 @@ pub(crate) struct PoolCore {
     torn_down: AtomicBool,
     pub(crate) inner: Mutex<PoolInner>,
     created: Instant,
+    on_oom: Option<OomHook>,
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
@@ -367,6 +410,7 @@ impl Backing for HalBacking<'_> {
         }
         self.reserved += size;
         self.record(RecordKind::Map, offset, size);
+        crate::observe::trace_map(offset, size, self.reserved);
         Ok(handle.0)
     }
 
@@ -487,7 +531,10 @@ impl PoolCore {
         let order = Order { device, requester: None, reuse: 0 };
         let (engine, mut backing) = inner.parts(self);
         match engine.release(threshold, &order, &mut backing) {
-            Ok(released) => inner.record(self, RecordKind::Trim, 0, 0, released, 0),
+            Ok(released) => {
+                crate::observe::trace_trim("threshold", released, inner.engine.reserved());
+                inner.record(self, RecordKind::Trim, 0, 0, released, 0)
+            }
             Err(e) => {
                 inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
                     code: -1,
@@ -504,6 +551,32 @@ impl PoolCore {
     /// Allocates `bytes` for `stream` (rounded to the pool's alignment), waiting for other
     /// streams' pending frees and retrying once before reporting out of memory.
     pub(crate) fn allocate(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+    ) -> Result<Allocation> {
+        let mut hook_retried = false;
+        loop {
+            match self.try_allocate(device, bytes, stream, location) {
+                Err(Error::OutOfMemory(oom)) if !hook_retried => {
+                    // Both the per-call hook and the pool's hook may free memory.
+                    let local = on_oom(&oom);
+                    let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
+                    if local == OomAction::Retry || global == OomAction::Retry {
+                        hook_retried = true;
+                        continue;
+                    }
+                    return Err(Error::OutOfMemory(oom));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_allocate(
         &self,
         device: &DeviceShared,
         bytes: u64,
@@ -550,6 +623,9 @@ impl PoolCore {
                     inner.ooms += 1;
                 }
                 let kind = if oom { RecordKind::Oom } else { RecordKind::AllocFailed };
+                if oom {
+                    crate::observe::trace_oom(&error);
+                }
                 inner.record_full(self, kind, stream.id(), 0, 0, bytes, None, location);
                 return Err(error);
             }
@@ -733,7 +809,46 @@ impl<'d> MemPool<'d> {
         stream.check_device(self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
         let location = Location::caller();
-        let allocation = self.core.allocate(&self.device.shared, bytes, stream, Some(location))?;
+        let allocation =
+            self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut |_| {
+                OomAction::Fail
+            })?;
+        Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
+    }
+
+    /// As [`alloc_async`](Self::alloc_async), but when the pool is out of memory `on_oom` is
+    /// called with the report; it may free memory (drop allocations it can borrow, e.g. a
+    /// cache) and return [`OomAction::Retry`] for one more attempt.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{MemPool, OomAction};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().max_size(4 << 20).build(&dev)?;
+    /// let mut cache = vec![pool.alloc_async::<u8>(3 << 20, &s)?];
+    /// let x = pool.alloc_async_or::<u8>(2 << 20, &s, |_oom| {
+    ///     cache.clear(); // evict, then ask for a retry
+    ///     OomAction::Retry
+    /// })?;
+    /// # drop(x); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`alloc_async`](Self::alloc_async).
+    #[track_caller]
+    pub fn alloc_async_or<'s, T: bytemuck::Pod + Send + Sync>(
+        &'s self,
+        len: usize,
+        stream: &'s Stream<'d>,
+        mut on_oom: impl FnMut(&OutOfMemory) -> OomAction,
+    ) -> Result<PoolAlloc<'s, T>> {
+        stream.check_device(self.device, "the pool")?;
+        let location = Location::caller();
+        let bytes = bytes_for::<T>(len)?;
+        let allocation =
+            self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut on_oom)?;
         Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
     }
 
@@ -747,7 +862,9 @@ impl<'d> MemPool<'d> {
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
-        let a = self.core.allocate(&self.device.shared, bytes, stream, None)?;
+        let a = self
+            .core
+            .allocate(&self.device.shared, bytes, stream, None, &mut |_| OomAction::Fail)?;
         Ok((self.core.ptr_at(a.offset), a.size))
     }
 
@@ -835,6 +952,7 @@ impl<'d> MemPool<'d> {
             })
         })?;
         inner.record(&self.core, RecordKind::Trim, 0, 0, released, 0);
+        crate::observe::trace_trim("trim_to", released, inner.engine.reserved());
         Ok(released)
     }
 
