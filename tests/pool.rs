@@ -50,8 +50,10 @@ fn release_threshold_applies_at_synchronize() {
     let npu = npu();
     let dev = device_of(&npu);
     let s = dev.create_stream().unwrap();
-    let pool = MemPool::builder().max_size(64 * MIB).release_threshold(4 * MIB).build(&dev).unwrap();
-    let blocks: Vec<_> = (0..8).map(|_| pool.alloc_async::<u8>(2 * MIB as usize, &s).unwrap()).collect();
+    let pool =
+        MemPool::builder().max_size(64 * MIB).release_threshold(4 * MIB).build(&dev).unwrap();
+    let blocks: Vec<_> =
+        (0..8).map(|_| pool.alloc_async::<u8>(2 * MIB as usize, &s).unwrap()).collect();
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 16 * MIB);
     drop(blocks);
     // Freed but not synchronised: the cache is kept.
@@ -95,7 +97,8 @@ fn trim_never_releases_used_memory() {
     let s = dev.create_stream().unwrap();
     let pool = MemPool::builder().max_size(64 * MIB).build(&dev).unwrap();
     let keep = pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap();
-    let free: Vec<_> = (0..4).map(|_| pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap()).collect();
+    let free: Vec<_> =
+        (0..4).map(|_| pool.alloc_async::<u8>(4 * MIB as usize, &s).unwrap()).collect();
     drop(free);
     s.synchronize().unwrap();
     let released = pool.trim_to(0).unwrap();
@@ -137,7 +140,11 @@ fn out_of_memory_reports_numbers_and_the_pool_recovers() {
     let text = err.to_string();
     assert!(text.contains("8.0 MiB") && text.contains("16.0 MiB"), "{text}");
     assert_eq!(pool.stats().ooms, 1);
-    assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), 10 * MIB, "failed allocation changed nothing");
+    assert_eq!(
+        pool.get::<attr::UsedMemCurrent>().unwrap(),
+        10 * MIB,
+        "failed allocation changed nothing"
+    );
     drop(a);
     let b = pool.alloc_async::<u8>(8 * MIB as usize, &s).unwrap();
     assert_eq!(b.len(), 8 * MIB as usize);
@@ -175,7 +182,8 @@ fn alignment_is_respected_and_validated() {
     let s = dev.create_stream().unwrap();
     for align in [32u64, 512, 4096, 2 * MIB] {
         let pool = MemPool::builder().max_size(64 * MIB).alignment(align).build(&dev).unwrap();
-        let allocs: Vec<_> = (1..20usize).map(|n| pool.alloc_async::<u8>(n * 37, &s).unwrap()).collect();
+        let allocs: Vec<_> =
+            (1..20usize).map(|n| pool.alloc_async::<u8>(n * 37, &s).unwrap()).collect();
         for a in &allocs {
             assert_eq!(a.device_ptr().addr() % align, 0, "alignment {align}");
         }
@@ -197,7 +205,10 @@ fn zero_and_overflowing_sizes_are_errors() {
     assert!(matches!(pool.alloc_async::<u8>(0, &s), Err(Error::InvalidSize(_))));
     assert!(matches!(pool.alloc_async::<u64>(usize::MAX, &s), Err(Error::InvalidSize(_))));
     assert!(pool.alloc_async::<u8>(usize::MAX, &s).is_err());
-    assert!(matches!(pool.alloc_raw(u64::MAX, &s), Err(Error::InvalidSize(_) | Error::OutOfMemory(_))));
+    assert!(matches!(
+        pool.alloc_raw(u64::MAX, &s),
+        Err(Error::InvalidSize(_) | Error::OutOfMemory(_))
+    ));
     assert_eq!(pool.stats().live_allocations, 0);
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
 }
@@ -206,7 +217,10 @@ fn zero_and_overflowing_sizes_are_errors() {
 fn builder_rejects_invalid_configurations() {
     let npu = npu_with_capacity(64 * MIB);
     let dev = device_of(&npu);
-    assert!(matches!(MemPool::builder().max_size(65 * MIB).build(&dev), Err(Error::InvalidConfig(_))));
+    assert!(matches!(
+        MemPool::builder().max_size(65 * MIB).build(&dev),
+        Err(Error::InvalidConfig(_))
+    ));
     assert!(matches!(
         MemPool::builder().max_size(8 * MIB).release_threshold(9 * MIB).build(&dev),
         Err(Error::InvalidConfig(_))
@@ -229,7 +243,11 @@ fn attributes_get_set_and_reset() {
     pool.set::<attr::ReleaseThreshold>(MIB).unwrap();
     assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), MIB);
     assert!(pool.set::<attr::ReleaseThreshold>(65 * MIB).is_err());
-    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), MIB, "a rejected set changes nothing");
+    assert_eq!(
+        pool.get::<attr::ReleaseThreshold>().unwrap(),
+        MIB,
+        "a rejected set changes nothing"
+    );
 
     let a = pool.alloc_async::<u8>(3 * MIB as usize, &s).unwrap();
     drop(a);
@@ -242,7 +260,10 @@ fn attributes_get_set_and_reset() {
     assert_eq!(pool.get::<attr::ReservedMemHigh>().unwrap(), reserved);
     let _b = pool.alloc_async::<u8>(MIB as usize, &s).unwrap();
     assert_eq!(pool.get::<attr::UsedMemHigh>().unwrap(), MIB);
-    assert!(pool.get::<attr::ReservedMemHigh>().unwrap() >= pool.get::<attr::ReservedMemCurrent>().unwrap());
+    assert!(
+        pool.get::<attr::ReservedMemHigh>().unwrap()
+            >= pool.get::<attr::ReservedMemCurrent>().unwrap()
+    );
     assert_eq!(<attr::UsedMemHigh as attr::Attribute>::ID, 0x8);
 }
 
@@ -283,7 +304,8 @@ fn compaction_makes_room_for_a_large_allocation_and_keeps_data() {
     let s = dev.create_stream().unwrap();
     let pool = MemPool::builder().max_size(16 * MIB).build(&dev).unwrap();
     // 16 blocks of 1 MiB fill the pool; free every other one: 8 MiB free, in 1 MiB holes.
-    let mut blocks: Vec<_> = (0..16u32).map(|_| pool.alloc_async::<u32>(256 * 1024, &s).unwrap()).collect();
+    let mut blocks: Vec<_> =
+        (0..16u32).map(|_| pool.alloc_async::<u32>(256 * 1024, &s).unwrap()).collect();
     for (i, b) in blocks.iter_mut().enumerate() {
         s.copy_from_host(b, &vec![i as u32; 256 * 1024]).unwrap();
     }

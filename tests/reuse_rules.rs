@@ -161,7 +161,10 @@ fn internal_dependencies_on_and_off() {
             let f = flag.clone();
             s2.host_fn(move || f.store(true, std::sync::atomic::Ordering::SeqCst)).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(30));
-            assert!(!flag.load(std::sync::atomic::Ordering::SeqCst), "s2 ran before s1 reached the free");
+            assert!(
+                !flag.load(std::sync::atomic::Ordering::SeqCst),
+                "s2 ran before s1 reached the free"
+            );
             gate.open();
             s2.synchronize().unwrap();
             assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
