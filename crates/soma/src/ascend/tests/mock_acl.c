@@ -1,8 +1,8 @@
 /* A test double of the AscendCL runtime for the ascend backend's unit tests: the subset of
  * the ascend-sys headers over host memory, deterministic. Not a simulator (that is soma-capi over
  * soma-sim): tasks are queued per stream and run, in order, when the stream, an event recorded
- * on it, or the device is synchronized, or when mock_run_all() is called; streamWaitEvent is
- * recorded but does not block. Device memory is host memory; copies really copy.
+ * on it, or the device is synchronized, or when mock_run_all() is called; a streamWaitEvent
+ * task runs the recording stream's queue before going on. Device memory is host memory; copies really copy.
  *
  * Hooks for tests (not part of the API): mock_set_device_calls, mock_set_pool_supported,
  * mock_fail_next, mock_run_all, mock_live_streams, mock_live_events. */
@@ -51,6 +51,8 @@ static int take_fail(void) {
 
 static struct stream *S(aclrtStream s) { return s ? (struct stream *)s : &default_stream; }
 
+static int stream_alive(void *p);
+
 static void run_stream(struct stream *s) {
     while (s->head < s->tail) {
         struct task *t = &s->q[s->head % MAXQ];
@@ -64,7 +66,9 @@ static void run_stream(struct stream *s) {
             pthread_mutex_lock(&mu);
             break;
         case T_RECORD: t->ev->done = 1; t->ev->t = (clock_ms += 1.5); break;
-        case T_WAIT: break;
+        case T_WAIT: /* the recording stream (if still alive) catches up, past the record */
+            if (t->dst && t->dst != s && stream_alive(t->dst)) run_stream(t->dst);
+            break;
         }
     }
 }
@@ -120,6 +124,11 @@ aclError aclrtSetCurrentContext(aclrtContext c) { (void)c; return ACL_SUCCESS; }
 /* ---- streams ---- */
 #define MAXS 256
 static struct stream *streams[MAXS];
+static int stream_alive(void *p) {
+    if (p == &default_stream) return 1;
+    for (int i = 0; i < MAXS; i++) if (streams[i] == p) return 1;
+    return 0;
+}
 void mock_run_all(void) {
     pthread_mutex_lock(&mu);
     run_stream(&default_stream);
@@ -198,7 +207,9 @@ aclError aclrtRecordEvent(aclrtEvent ev, aclrtStream s) {
 }
 aclError aclrtStreamWaitEvent(aclrtStream s, aclrtEvent ev) {
     pthread_mutex_lock(&mu);
-    struct task t = { .k = T_WAIT, .ev = ev };
+    struct event *e = ev;
+    /* Resolved now: the event may be destroyed before the wait runs. */
+    struct task t = { .k = T_WAIT, .dst = e->recorded ? (void *)e->on : NULL };
     aclError r = push(s, t);
     pthread_mutex_unlock(&mu);
     return r;

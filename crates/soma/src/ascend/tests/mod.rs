@@ -571,3 +571,98 @@ fn soma_core_pool_runs_on_the_backend() {
     pool.trim_to(0).unwrap();
     assert_eq!(pool.stats().reserved, 0);
 }
+
+/// End to end against a real runtime library: CANN's `libascendcl.so` on an NPU host, or
+/// soma-capi's `libascendcl.so` (the C API over the software NPU). Portable: no test-double
+/// hooks, no timing assumptions.
+///
+/// `SOMA_ASCEND_LIB=/path/to/libascendcl.so cargo test -p soma --features ascend --lib \
+///  ascend::tests::external_library -- --ignored`
+#[test]
+#[ignore = "needs SOMA_ASCEND_LIB: a CANN runtime or soma-capi library"]
+fn external_library() {
+    use soma_core::{Device, MemPool};
+    let path = std::env::var_os("SOMA_ASCEND_LIB").expect("set SOMA_ASCEND_LIB");
+    // SAFETY: the caller names an AscendCL implementation.
+    let acl = Arc::new(unsafe { Acl::open(&path) }.expect("load SOMA_ASCEND_LIB"));
+    eprintln!("missing functions: {:?}", acl.missing_symbols());
+    let all = devices(acl.clone()).expect("devices");
+    assert!(!all.is_empty(), "no device");
+    let d = all.into_iter().next().unwrap();
+    let info = d.info().clone();
+    eprintln!("{info:?}");
+    assert!(info.granularity.is_power_of_two());
+    let mi = d.mem_info().unwrap();
+    assert!(mi.free <= mi.total && mi.total > 0);
+
+    // Streams, copies, host functions, events.
+    let s = d.create_stream().unwrap();
+    let t = d.create_stream().unwrap();
+    let buf = d.malloc(1 << 20).unwrap();
+    let src: Vec<u8> = (0..=255).cycle().take(1 << 20).collect();
+    let mut back = vec![0u8; 1 << 20];
+    let ran = Arc::new(AtomicUsize::new(0));
+    let e = d.create_event().unwrap();
+    s.memset(buf, 0, 1 << 20).unwrap();
+    // SAFETY: `src` / `back` outlive the synchronizations below and are not touched before.
+    unsafe { s.copy_async(MemRef::Device(buf), MemRef::Host(src.as_ptr().cast_mut()), 1 << 20) }
+        .unwrap();
+    let p = s.record(&*e).unwrap();
+    assert_eq!(p, 3);
+    t.wait(&*e).unwrap();
+    // SAFETY: as above.
+    unsafe { t.copy_async(MemRef::Host(back.as_mut_ptr()), MemRef::Device(buf), 1 << 20) }.unwrap();
+    let r = ran.clone();
+    t.host_fn(Box::new(move || {
+        r.fetch_add(1, Ordering::SeqCst);
+    }))
+    .unwrap();
+    t.synchronize().unwrap();
+    assert_eq!(t.completed(), t.enqueued());
+    assert!(back == src, "the D2H copy after the wait sees the H2D copy before the record");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    e.synchronize().unwrap();
+    assert!(s.completed() >= p);
+    assert_eq!(e.query(), Ok(true));
+    s.synchronize().unwrap();
+    assert!(matches!(d.free(buf.checked_add(1).unwrap()), Err(DriverError::InvalidAddress { .. })));
+    d.free(buf).unwrap();
+
+    // VMM, when the device has it.
+    if info.supports_vmm {
+        let g = info.granularity;
+        let va = d.reserve(2 * g).unwrap();
+        let h = d.alloc_physical(g).unwrap();
+        d.map(va, h).unwrap();
+        d.memset_sync(va, 1, g).unwrap();
+        assert_eq!(d.unmap(va), Ok(h));
+        d.free_physical(h).unwrap();
+        d.release(va).unwrap();
+    }
+
+    // CANN's own pool, when the device has it.
+    match NativePool::create(&d, 0) {
+        Ok(pool) => {
+            assert!(info.supports_native_pool);
+            let s = d.create_ascend_stream().unwrap();
+            let p = pool.malloc_async(4096, &s).unwrap();
+            s.memset(p, 9, 4096).unwrap();
+            pool.free_async(p, &s).unwrap();
+            s.synchronize().unwrap();
+            pool.destroy().unwrap();
+        }
+        Err(DriverError::Unsupported(m)) => {
+            assert!(!info.supports_native_pool, "{m}");
+        }
+        Err(other) => panic!("{other:?}"),
+    }
+
+    // soma's engine on top.
+    let device = Device::new(Arc::new(d));
+    let stream = device.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 << 20).build(&device).unwrap();
+    let a = pool.alloc_async::<u32>(1 << 16, &stream).unwrap();
+    drop(a);
+    stream.synchronize().unwrap();
+    pool.trim_to(0).unwrap();
+}
