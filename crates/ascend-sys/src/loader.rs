@@ -2,6 +2,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 
 use crate::bindings::AclLib;
@@ -63,6 +64,10 @@ impl std::error::Error for LoadError {}
 /// The convenience methods that bindgen generates on [`AclLib`] (`lib.aclrtSetDevice(0)`)
 /// **panic** when the symbol is missing; do not use them.
 ///
+/// Dropping an `Acl` never unloads the library: a runtime starts threads in `aclInit` that
+/// outlive every handle (soma never calls `aclFinalize`), and unmapping their code would crash
+/// the process. The library stays loaded until the process exits.
+///
 /// ```
 /// use ascend_sys::{acl_fn, Acl, LoadError};
 ///
@@ -79,8 +84,9 @@ impl std::error::Error for LoadError {}
 pub struct Acl {
     lib: AclLib,
     /// A second reference to the same library (the loader counts references), for
-    /// [`Acl::symbol`]: bindgen's table owns its own and does not expose it.
-    extra: libloading::Library,
+    /// [`Acl::symbol`] (bindgen's table owns its own and does not expose it). Never dropped:
+    /// it keeps the library loaded for the rest of the process, see [`Acl`].
+    extra: ManuallyDrop<libloading::Library>,
     path: OsString,
 }
 
@@ -146,9 +152,12 @@ impl Acl {
         let extra = unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Open {
             attempts: vec![(path.to_string_lossy().into_owned(), e.to_string())],
         })?;
-        let acl = Acl { lib, extra, path: path.to_owned() };
+        let acl = Acl { lib, extra: ManuallyDrop::new(extra), path: path.to_owned() };
         for symbol in REQUIRED_SYMBOLS {
             if let Some(err) = acl.symbol_error(symbol) {
+                // Not a runtime: nothing of it ran beyond its initialisers, so it may go.
+                let Acl { extra, .. } = acl;
+                drop(ManuallyDrop::into_inner(extra));
                 return Err(err);
             }
         }
