@@ -289,6 +289,40 @@ pub enum DriverError {
     },
 }
 
+/// What a pool tells the device about its allocations, for the stream-order sanitizer.
+///
+/// Positions are the stream's [`StreamHal::enqueued`] count at the call: an allocation at
+/// position `p` is usable by tasks of that stream at positions `> p` (and by tasks of other
+/// streams ordered after that point); a free at position `p` ends the lifetime for tasks
+/// ordered after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolAnnotation {
+    /// A block was handed out.
+    Alloc {
+        /// Pool id.
+        pool: u64,
+        /// First byte.
+        ptr: DevicePtr,
+        /// Bytes asked for (accesses beyond are out of bounds).
+        size: u64,
+        /// Backend id of the stream it was allocated for.
+        stream: u64,
+        /// That stream's enqueued position at the allocation.
+        position: u64,
+    },
+    /// A block was freed onto a stream.
+    Free {
+        /// Pool id.
+        pool: u64,
+        /// First byte.
+        ptr: DevicePtr,
+        /// Backend id of the stream it was freed onto.
+        stream: u64,
+        /// That stream's enqueued position at the free.
+        position: u64,
+    },
+}
+
 /// Result of HAL calls.
 pub type DriverResult<T> = Result<T, DriverError>;
 
@@ -352,6 +386,15 @@ pub trait DeviceHal: Send + Sync + 'static {
 
     /// Synchronous memset of device memory (`aclrtMemset`).
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
+
+    /// Whether the device wants [`PoolAnnotation`]s (a sanitizer is on). Pools ask once, at
+    /// creation, so that the hot path pays nothing otherwise.
+    fn wants_annotations(&self) -> bool {
+        false
+    }
+
+    /// Receives a pool annotation (only called when [`wants_annotations`](Self::wants_annotations)).
+    fn annotate(&self, _annotation: PoolAnnotation) {}
 
     /// The object as [`Any`], for backends that need to recognise their own types.
     fn as_any(&self) -> &dyn Any;

@@ -279,6 +279,7 @@ impl MemPoolBuilder {
             }),
             created: Instant::now(),
             on_oom: self.on_oom,
+            annotate: device.hal().wants_annotations(),
         });
         device.shared.register_pool(&core);
         crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
@@ -365,6 +366,8 @@ pub(crate) struct PoolCore {
     pub(crate) inner: Mutex<PoolInner>,
     created: Instant,
     on_oom: Option<OomHook>,
+    /// Whether the device's sanitizer wants to hear about allocations and frees.
+    annotate: bool,
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
@@ -637,6 +640,15 @@ impl PoolCore {
                 return Err(e);
             }
         }
+        if self.annotate {
+            self.hal.annotate(crate::hal::PoolAnnotation::Alloc {
+                pool: self.id,
+                ptr: self.ptr_at(allocation.offset),
+                size: bytes,
+                stream: stream.id(),
+                position: stream.hal().enqueued(),
+            });
+        }
         let mut inner = self.inner.lock();
         if inner.history.is_some() {
             inner.record_full(
@@ -722,11 +734,22 @@ impl PoolCore {
         }
         let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
         let mut inner = self.inner.lock();
-        let info = if inner.history.is_some() { inner.engine.block(block) } else { None };
+        let info =
+            if inner.history.is_some() || self.annotate { inner.engine.block(block) } else { None };
+        if self.annotate {
+            if let Some(info) = info.filter(|i| i.state == crate::engine::BlockState::Live) {
+                self.hal.annotate(crate::hal::PoolAnnotation::Free {
+                    pool: self.id,
+                    ptr: self.ptr_at(info.offset),
+                    stream: stream.id(),
+                    position: stream.hal().enqueued(),
+                });
+            }
+        }
         inner.engine.free(block, tag).map_err(|e| {
             Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
         })?;
-        if let Some(info) = info {
+        if let Some(info) = info.filter(|_| inner.history.is_some()) {
             let (offset, size) = (info.offset, info.size);
             inner.record_full(self, RecordKind::Free, stream.id(), offset, size, 0, None, location);
         }
