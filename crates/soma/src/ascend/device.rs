@@ -172,6 +172,9 @@ struct InFlight {
 }
 
 /// State shared by a device and its streams, events and pools.
+///
+/// Lock order (never taken in the other direction): event `last` → memory (`mem`) → stream
+/// `enqueue` → `in_flight`; `deferred` and `streams` are leaves.
 pub(crate) struct DeviceInner {
     pub(crate) acl: Arc<Acl>,
     pub(crate) id: i32,

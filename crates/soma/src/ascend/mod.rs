@@ -50,7 +50,10 @@
 //!   `unmap` and `free` fail while an enqueued copy or memset on the range has not completed.
 //! * **Host functions** run on a runtime thread; a panic is caught and becomes the stream's
 //!   sticky [`TaskFailed`](soma_core::hal::DriverError::TaskFailed) error (returned by every
-//!   later synchronize / query). CANN does not skip the stream's later tasks after it.
+//!   later synchronize / query). CANN does not skip the stream's later tasks after it. A host
+//!   function must not block on its own stream (synchronize it, or drop the last handle to it):
+//!   the stream cannot progress until the function returns. If the runtime never calls a
+//!   launched host function (device lost), its closure is leaked, never freed twice.
 //! * **Kernels** written as Rust closures are not supported (they run on the software NPU
 //!   only): [`StreamHal::launch`](soma_core::hal::StreamHal::launch) returns
 //!   [`Unsupported`](soma_core::hal::DriverError::Unsupported).
