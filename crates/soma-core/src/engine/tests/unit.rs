@@ -682,3 +682,38 @@ fn segment_policy() {
     e.check_invariants().unwrap();
     let _ = (x, z);
 }
+
+/// Rough host cost of the hot paths (run with `--release --ignored --nocapture`).
+#[test]
+#[ignore = "timing, not a check"]
+fn hot_path_timing() {
+    let mut e = engine(1024 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let keep: Vec<_> =
+        (0..1000).map(|i| e.alloc(512 * (1 + i % 300), 512, 0, &o, &mut b).unwrap()).collect();
+    for a in keep.iter().step_by(2) {
+        e.free(a.block, tag(0, 1)).unwrap();
+    }
+    let n = 1_000_000u64;
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        let a = e.alloc(4096, 512, 0, &o, &mut b).unwrap();
+        e.free(a.block, tag(0, i + 2)).unwrap();
+    }
+    let same = t.elapsed().as_nanos() as f64 / n as f64;
+    let t = std::time::Instant::now();
+    let mut ring = std::collections::VecDeque::new();
+    for i in 0..n {
+        let size = 512 * (1 + (i * 7919) % 4000);
+        ring.push_back(e.alloc(size, 512, (i % 4) as u32, &o, &mut b).unwrap());
+        if ring.len() > 64 {
+            let a = ring.pop_front().unwrap();
+            e.free(a.block, tag((i % 4) as u32, i + 2)).unwrap();
+        }
+    }
+    let mixed = t.elapsed().as_nanos() as f64 / n as f64;
+    e.check_invariants().unwrap();
+    println!("same-size alloc+free: {same:.1} ns; mixed 4 streams alloc+free: {mixed:.1} ns");
+    println!("{:?}", e.stats());
+}
