@@ -280,6 +280,7 @@ impl MemPoolBuilder {
             created: Instant::now(),
             on_oom: self.on_oom,
             annotate: device.hal().wants_annotations(),
+            history_on: self.history > 0,
         });
         device.shared.register_pool(&core);
         crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
@@ -368,6 +369,9 @@ pub(crate) struct PoolCore {
     on_oom: Option<OomHook>,
     /// Whether the device's sanitizer wants to hear about allocations and frees.
     annotate: bool,
+    /// Whether the pool keeps a history (fixed at creation: the hot path checks this flag,
+    /// not the locked state).
+    history_on: bool,
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
@@ -649,8 +653,8 @@ impl PoolCore {
                 position: stream.hal().enqueued(),
             });
         }
-        let mut inner = self.inner.lock();
-        if inner.history.is_some() {
+        if self.history_on {
+            let mut inner = self.inner.lock();
             inner.record_full(
                 self,
                 RecordKind::Alloc,
@@ -734,8 +738,7 @@ impl PoolCore {
         }
         let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
         let mut inner = self.inner.lock();
-        let info =
-            if inner.history.is_some() || self.annotate { inner.engine.block(block) } else { None };
+        let info = if self.history_on || self.annotate { inner.engine.block(block) } else { None };
         if self.annotate {
             if let Some(info) = info.filter(|i| i.state == crate::engine::BlockState::Live) {
                 self.hal.annotate(crate::hal::PoolAnnotation::Free {
