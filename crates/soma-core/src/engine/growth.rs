@@ -410,7 +410,7 @@ impl Engine {
             self.remove_free(idx);
         }
         // Merge the run and any unmapped block after it.
-        let mut u = start;
+        let u = start;
         loop {
             let n = self.slab.blocks[u as usize].next;
             if n == NIL || self.slab.blocks[n as usize].kind != Kind::Unmapped {
@@ -424,12 +424,11 @@ impl Engine {
         }
         let p = self.slab.blocks[u as usize].prev;
         if p != NIL && self.slab.blocks[p as usize].kind == Kind::Unmapped {
+            // `p` is already in the hole map under its own offset.
             self.slab.absorb_next(p, u);
-            u = p;
         } else {
             self.holes.insert(self.slab.blocks[u as usize].offset, u);
         }
-        let _ = u;
         self.segments.remove(&off);
         let s = &mut self.stats;
         s.reserved -= len;

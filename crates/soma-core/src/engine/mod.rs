@@ -210,12 +210,20 @@ impl ReuseKind {
 pub const OWN_CLASS_SCAN: usize = 8;
 
 /// Blocks examined per other stream when only some of its cached blocks are eligible.
+///
+/// Free lists are LIFO, so the most recent (least likely eligible) frees come first; an
+/// eligible block hidden behind more than this many ineligible ones is not found and the
+/// request grows instead.
 pub const CROSS_STREAM_BUDGET: usize = 32;
+
+/// Largest supported range (2^62 bytes), so that offset arithmetic never overflows.
+pub const MAX_RANGE: u64 = 1 << 62;
 
 /// Static configuration of an [`Engine`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
-    /// Size of the pool's virtual range in bytes; a non-zero multiple of `granularity`.
+    /// Size of the pool's virtual range in bytes; a non-zero multiple of `granularity`, at
+    /// most [`MAX_RANGE`].
     pub range_size: u64,
     /// Mapping granularity in bytes (a power of two, e.g. 2 MiB on Ascend).
     pub granularity: u64,
@@ -243,7 +251,9 @@ impl EngineConfig {
 }
 
 /// Names one block handed out by [`Engine::alloc`]. Stale ids (of freed and reused records)
-/// never match a later block: the record's generation is part of the id.
+/// never match a later block: the record's 32-bit generation, bumped every time the record
+/// becomes live or vacant, is part of the id (a stale id could only alias after 2^31 reuses
+/// of the same record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockId(u64);
 
@@ -536,7 +546,7 @@ impl Engine {
     ///
     /// A description of the problem when `granularity` is not a power of two, `alignment` is
     /// not a power of two in `32..=granularity`, or `range_size` is not a non-zero multiple of
-    /// `granularity`.
+    /// `granularity` of at most [`MAX_RANGE`].
     pub fn new(cfg: EngineConfig) -> Result<Engine, String> {
         if cfg.granularity == 0 || !cfg.granularity.is_power_of_two() {
             return Err(format!("granularity {} is not a power of two", cfg.granularity));
@@ -548,6 +558,12 @@ impl Engine {
             return Err(format!(
                 "alignment {} exceeds the granularity {}",
                 cfg.alignment, cfg.granularity
+            ));
+        }
+        if cfg.range_size > MAX_RANGE {
+            return Err(format!(
+                "range size {} exceeds the supported maximum of 2^62 bytes",
+                cfg.range_size
             ));
         }
         if cfg.range_size == 0 || cfg.range_size % cfg.granularity != 0 {

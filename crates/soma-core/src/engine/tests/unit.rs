@@ -70,6 +70,8 @@ fn config_validation() {
     assert!(Engine::new(EngineConfig { alignment: 4 * G, ..ok }).is_err());
     assert!(Engine::new(EngineConfig { range_size: 0, ..ok }).is_err());
     assert!(Engine::new(EngineConfig { range_size: G + 512, ..ok }).is_err());
+    assert!(Engine::new(EngineConfig { range_size: MAX_RANGE, ..ok }).is_ok());
+    assert!(Engine::new(EngineConfig { range_size: MAX_RANGE + G, ..ok }).is_err());
     let e = Engine::new(ok).unwrap();
     assert_eq!(e.config(), &ok);
     e.check_invariants().unwrap();
