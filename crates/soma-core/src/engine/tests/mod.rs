@@ -27,6 +27,8 @@ pub(super) struct FakeBacking {
     pub unmap_log: Vec<(u64, u64)>,
     pub maps: u64,
     pub unmaps: u64,
+    /// Granularity that maps must respect (0: [`G`]).
+    pub granule: u64,
 }
 
 impl FakeBacking {
@@ -45,7 +47,8 @@ impl FakeBacking {
 
 impl Backing for FakeBacking {
     fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError> {
-        assert!(size > 0 && offset % G == 0 && size % G == 0, "unaligned map");
+        let g = if self.granule == 0 { G } else { self.granule };
+        assert!(size > 0 && offset % g == 0 && size % g == 0, "unaligned map");
         if let Some(e) = self.fail_next_map.take() {
             return Err(e);
         }

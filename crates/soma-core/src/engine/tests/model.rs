@@ -14,7 +14,33 @@ use super::*;
 use crate::engine::*;
 
 const STREAMS: usize = 4;
-const RANGE: u64 = 32 * G;
+/// The range, in granules.
+const GRANULES: u64 = 32;
+
+/// Engine parameters a case runs with. Sizes and alignments in the ops are written for a
+/// 2 MiB granule and scaled to `granularity`.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    granularity: u64,
+    alignment: u64,
+    max_segment: u64,
+    index_by_offset: bool,
+}
+
+fn params_strategy() -> impl Strategy<Value = Params> {
+    (
+        prop_oneof![3 => Just(G), 1 => Just(64 * 1024u64)],
+        prop_oneof![1 => Just(32u64), 3 => Just(512), 1 => Just(4096)],
+        any::<bool>(),
+        prop_oneof![3 => Just(true), 1 => Just(false)],
+    )
+        .prop_map(|(granularity, alignment, per_granule, index_by_offset)| Params {
+            granularity,
+            alignment,
+            max_segment: if per_granule { granularity } else { 0 },
+            index_by_offset,
+        })
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -54,7 +80,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => (s.clone(), s.clone()).prop_map(|(waiter, on)| Op::EventWait { waiter, on }),
         3 => (any::<bool>(), any::<bool>(), any::<bool>())
             .prop_map(|(follow, opportunistic, internal)| Op::Switches { follow, opportunistic, internal }),
-        1 => (0..RANGE).prop_map(|keep| Op::Release { keep }),
+        1 => (0..GRANULES * G).prop_map(|keep| Op::Release { keep }),
         1 => (any::<usize>(), s.clone()).prop_map(|(which, stream)| Op::Relocate { which, stream }),
         1 => any::<bool>().prop_map(|oom| Op::FailNextMap { oom }),
         1 => Just(Op::FailNextUnmap),
@@ -133,6 +159,8 @@ struct Freed {
 }
 
 struct Model {
+    p: Params,
+    range: u64,
     e: Engine,
     b: FakeBacking,
     clock: Clock,
@@ -141,16 +169,21 @@ struct Model {
 }
 
 impl Model {
-    fn new() -> Model {
+    fn new(p: Params) -> Model {
+        let range = GRANULES * p.granularity;
+        let mut e = Engine::new(EngineConfig {
+            range_size: range,
+            granularity: p.granularity,
+            alignment: p.alignment,
+            index_by_offset: p.index_by_offset,
+        })
+        .unwrap();
+        e.set_max_segment(p.max_segment);
         Model {
-            e: Engine::new(EngineConfig {
-                range_size: RANGE,
-                granularity: G,
-                alignment: 512,
-                index_by_offset: true,
-            })
-            .unwrap(),
-            b: FakeBacking::new(),
+            p,
+            range,
+            e,
+            b: FakeBacking { granule: p.granularity, ..FakeBacking::new() },
             clock: Clock::default(),
             live: Vec::new(),
             freed: Vec::new(),
@@ -204,12 +237,13 @@ impl Model {
 
     /// Checks that allocation `a` for `stream` is justified, then records it.
     fn check_alloc(&mut self, a: Allocation, stream: u32, requested: u64, align: u64) {
+        let min = self.p.alignment;
         assert!(a.size >= requested);
-        assert_eq!(a.size % 512, 0);
-        assert_eq!(a.offset % align.max(512), 0, "misaligned {a:?}");
-        assert_eq!(a.size % align.max(512), 0, "size not a multiple of the alignment");
+        assert_eq!(a.size % min, 0);
+        assert_eq!(a.offset % align.max(min), 0, "misaligned {a:?}");
+        assert_eq!(a.size % align.max(min), 0, "size not a multiple of the alignment");
         let end = a.offset + a.size;
-        assert!(end <= RANGE);
+        assert!(end <= self.range);
         for l in &self.live {
             assert!(
                 l.a.offset + l.a.size <= a.offset || end <= l.a.offset,
@@ -276,20 +310,29 @@ impl Model {
         }
         for l in &self.live {
             let info = self.e.block(l.a.block).expect("live block known");
+            let found = self.e.lookup(l.a.offset);
+            if self.p.index_by_offset {
+                assert_eq!(found, Some((l.a.block, l.a.size)));
+            } else {
+                assert_eq!(found, None);
+            }
             assert_eq!(
                 info,
                 BlockInfo { offset: l.a.offset, size: l.a.size, state: BlockState::Live }
             );
-            assert_eq!(self.e.lookup(l.a.offset), Some((l.a.block, l.a.size)));
         }
         let blocks: Vec<_> = self.e.blocks().collect();
         assert_eq!(blocks.first().unwrap().offset, 0);
-        assert_eq!(blocks.iter().map(|b| b.size).sum::<u64>(), RANGE);
+        assert_eq!(blocks.iter().map(|b| b.size).sum::<u64>(), self.range);
     }
 
     fn step(&mut self, op: &Op) {
         match *op {
             Op::Alloc { stream, size, align } => {
+                // scale from a 2 MiB granule to this case's
+                let g = self.p.granularity;
+                let size = if size <= 4096 { size } else { (size / (G / g)).max(1) };
+                let align = align.min(g);
                 let order = self.clock.order(stream);
                 let before = self.e.blocks().collect::<Vec<_>>();
                 let r = self.e.alloc(size, align, stream, &order, &mut self.b);
@@ -300,7 +343,7 @@ impl Model {
                         assert_eq!(info.requested, size);
                         assert_eq!(info.used, self.e.used());
                         assert_eq!(info.reserved, self.e.reserved());
-                        assert_eq!(info.max, RANGE);
+                        assert_eq!(info.max, self.range);
                         assert_eq!(
                             info.pending_bytes,
                             info.pending.iter().map(|p| p.bytes).sum::<u64>()
@@ -316,7 +359,7 @@ impl Model {
                     Err(e) => {
                         // only for inputs the strategy cannot produce validly
                         assert!(
-                            matches!(e, AllocError::InvalidSize(_)) && size > RANGE,
+                            matches!(e, AllocError::InvalidSize(_)) && size > self.range,
                             "unexpected {e:?}"
                         );
                     }
@@ -377,6 +420,7 @@ impl Model {
                 self.clock.internal = internal;
             }
             Op::Release { keep } => {
+                let keep = keep / (G / self.p.granularity);
                 let order = self.clock.order(0);
                 let reserved = self.e.reserved();
                 let r = self.e.release(keep, &order, &mut self.b);
@@ -415,7 +459,9 @@ impl Model {
             Op::FailNextUnmap => {
                 self.b.fail_next_unmap = Some(BackingError::Failed("injected".into()));
             }
-            Op::Capacity { granules } => self.b.capacity = granules.map(|g| g * G),
+            Op::Capacity { granules } => {
+                self.b.capacity = granules.map(|n| n * self.p.granularity);
+            }
         }
         self.b.fail_next_unmap = None;
         self.check_all();
@@ -457,8 +503,11 @@ proptest! {
     })]
 
     #[test]
-    fn engine_matches_shadow_model(ops in proptest::collection::vec(op_strategy(), 1..160)) {
-        let mut m = Model::new();
+    fn engine_matches_shadow_model(
+        p in params_strategy(),
+        ops in proptest::collection::vec(op_strategy(), 1..160),
+    ) {
+        let mut m = Model::new(p);
         for op in &ops {
             m.step(op);
         }
