@@ -43,7 +43,8 @@
 //!    idle. On [`BackingError::OutOfMemory`] (or when no unmapped hole is large enough),
 //!    recyclable free segments are released like [`Engine::release`] does (highest first)
 //!    until at least the request's size went back, and growth is retried once.
-//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit among
+//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]; before step 3
+//!    instead after [`Engine::set_dependency_before_growth`]): best fit among
 //!    any other stream's cached blocks (bounded like step 2); the returned
 //!    [`Allocation::dependency`] is the block's tag, which the caller must turn into a real
 //!    event wait.
@@ -508,6 +509,8 @@ pub struct Engine {
     /// All-time high of `reserved` (not resettable): growth recycles only what would raise
     /// reserved memory above it.
     grow_mark: u64,
+    /// Try rule 4 before growth (see [`Engine::set_dependency_before_growth`]).
+    dependency_first: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -597,6 +600,7 @@ impl Engine {
             max_segment: 0,
             segments_per_growth: growth::SEGMENTS_PER_GROWTH,
             grow_mark: 0,
+            dependency_first: false,
         })
     }
 
@@ -612,6 +616,14 @@ impl Engine {
         } else {
             bytes.max(self.cfg.granularity).checked_next_power_of_two().unwrap_or(0)
         };
+    }
+
+    /// When internal dependencies are allowed, take another stream's cached block with a
+    /// dependency *before* growing (`true`), instead of only when growth fails (`false`, the
+    /// default, CUDA's order — see the module docs). `true` trades stream concurrency for less
+    /// mapping.
+    pub fn set_dependency_before_growth(&mut self, yes: bool) {
+        self.dependency_first = yes;
     }
 
     /// The configuration the engine was created with.
@@ -694,6 +706,17 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
+        if self.dependency_first && order.internal_dependencies() {
+            if let Some((idx, tag)) = self.find_internal_dependency(size, align, stream) {
+                return Ok(self.commit_cached(
+                    idx,
+                    size,
+                    align,
+                    Some(ReuseKind::InternalDependency),
+                    Some(tag),
+                ));
+            }
+        }
         match self.grow(size, align, stream, order, backing) {
             Ok(a) => return Ok(a),
             Err(growth::GrowError::Backing(msg)) => return Err(AllocError::Backing(msg)),
@@ -702,6 +725,19 @@ impl Engine {
                 let keep = self.stats.reserved.saturating_sub(size);
                 if let Ok(released) = self.release(keep, order, backing) {
                     if released > 0 {
+                        if self.dependency_first && order.internal_dependencies() {
+                            if let Some((idx, tag)) =
+                                self.find_internal_dependency(size, align, stream)
+                            {
+                                return Ok(self.commit_cached(
+                                    idx,
+                                    size,
+                                    align,
+                                    Some(ReuseKind::InternalDependency),
+                                    Some(tag),
+                                ));
+                            }
+                        }
                         match self.grow(size, align, stream, order, backing) {
                             Ok(a) => return Ok(a),
                             Err(growth::GrowError::Backing(msg)) => {

@@ -227,6 +227,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn index_size() {
+        // 8 KiB of list heads + bitmaps and counters, once per stream slot that freed memory
+        assert_eq!(std::mem::size_of::<FreeIndex>(), 8480);
+    }
+
+    #[test]
     fn classes_are_monotonic_and_tight() {
         let mut prev = (0, 0);
         for u in 1..5000u64 {

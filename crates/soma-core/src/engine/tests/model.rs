@@ -25,6 +25,7 @@ struct Params {
     alignment: u64,
     max_segment: u64,
     index_by_offset: bool,
+    dependency_first: bool,
 }
 
 fn params_strategy() -> impl Strategy<Value = Params> {
@@ -33,13 +34,17 @@ fn params_strategy() -> impl Strategy<Value = Params> {
         prop_oneof![1 => Just(32u64), 3 => Just(512), 1 => Just(4096)],
         any::<bool>(),
         prop_oneof![3 => Just(true), 1 => Just(false)],
+        any::<bool>(),
     )
-        .prop_map(|(granularity, alignment, per_granule, index_by_offset)| Params {
-            granularity,
-            alignment,
-            max_segment: if per_granule { granularity } else { 0 },
-            index_by_offset,
-        })
+        .prop_map(
+            |(granularity, alignment, per_granule, index_by_offset, dependency_first)| Params {
+                granularity,
+                alignment,
+                max_segment: if per_granule { granularity } else { 0 },
+                index_by_offset,
+                dependency_first,
+            },
+        )
 }
 
 #[derive(Clone, Debug)]
@@ -179,6 +184,7 @@ impl Model {
         })
         .unwrap();
         e.set_max_segment(p.max_segment);
+        e.set_dependency_before_growth(p.dependency_first);
         Model {
             p,
             range,

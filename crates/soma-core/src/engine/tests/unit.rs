@@ -256,6 +256,13 @@ fn internal_dependency_only_when_growth_fails() {
     let z = alloc(&mut e, &mut b, &o, G, 2);
     assert_eq!(z.reuse, None);
     assert_eq!(z.dependency, None);
+    // unless asked otherwise
+    e.set_dependency_before_growth(true);
+    let maps = b.maps;
+    let w = alloc(&mut e, &mut b, &o, G, 2);
+    assert_eq!(w.offset, a.offset);
+    assert_eq!(w.dependency, Some(tag(1, 8)));
+    assert_eq!(b.maps, maps);
 }
 
 #[test]
