@@ -49,7 +49,7 @@ pub(super) fn replay(
     events: &[(u64, Option<u64>)],
     complete: bool,
     seg: u64,
-) -> (EngineStats, u64) {
+) -> (EngineStats, u64, usize) {
     let mut e = Engine::new(EngineConfig {
         range_size: 64 << 30,
         granularity: G,
@@ -83,7 +83,7 @@ pub(super) fn replay(
     }
     e.check_invariants().unwrap();
     assert_eq!(b.total(), e.reserved());
-    (e.stats(), peak_live_requested)
+    (e.stats(), peak_live_requested, e.slab.blocks.len())
 }
 
 #[test]
@@ -119,10 +119,10 @@ fn trace_fragmentation() {
         let events = parse(&text).unwrap();
         // (frees complete for recycling, segment cap)
         for (complete, seg) in [(true, 0), (false, 0), (true, G)] {
-            let (s, peak_req) = replay(&events, complete, seg);
+            let (s, peak_req, records) = replay(&events, complete, seg);
             let ratio = s.reserved_high as f64 / s.used_high as f64;
             println!(
-                "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7.4} {:>6} {:>6}",
+                "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7.4} {:>6} {:>6} {:>8.1}",
                 p.file_name().unwrap().to_string_lossy(),
                 if complete { "yes" } else { "no" },
                 if seg == 0 { "n/4" } else { "granule" },
@@ -131,7 +131,10 @@ fn trace_fragmentation() {
                 s.reserved_high,
                 ratio,
                 s.map_calls,
-                s.unmap_calls
+                s.unmap_calls,
+                // block records ever needed per live block at the peak
+                (records * std::mem::size_of::<crate::engine::block::Block>()) as f64
+                    / s.live_blocks_high as f64
             );
             // Regression guards: with completion known, the default policy stays ≤ 1.05;
             // without it nothing can be recycled on one stream.
