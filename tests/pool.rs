@@ -391,3 +391,14 @@ fn dropping_the_pool_returns_every_byte_to_the_device() {
     }
     assert_eq!(dev.mem_info().unwrap().free, before);
 }
+
+#[test]
+fn native_pools_need_a_backend_with_cann_s_pool_api() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let err = MemPool::builder().native().build(&dev).unwrap_err();
+    assert!(
+        matches!(&err, Error::Driver(soma::hal::DriverError::Unsupported(msg)) if msg.contains("aclrtMemPool")),
+        "{err}"
+    );
+}

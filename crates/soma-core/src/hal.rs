@@ -387,6 +387,17 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// Synchronous memset of device memory (`aclrtMemset`).
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
 
+    /// Creates a pool of the device's own stream-ordered allocator (CANN's `aclrtMemPool*`)
+    /// of `max_size` bytes (0 = device memory), for `MemPool::builder().native()`.
+    ///
+    /// # Errors
+    /// [`DriverError::Unsupported`] when the backend or the product has none (the default).
+    fn create_native_pool(&self, _max_size: u64) -> DriverResult<Box<dyn NativePoolHal>> {
+        Err(DriverError::Unsupported(
+            "this backend has no native stream-ordered pool (CANN's aclrtMemPool* API)".into(),
+        ))
+    }
+
     /// Whether the device wants [`PoolAnnotation`]s (a sanitizer is on). Pools ask once, at
     /// creation, so that the hot path pays nothing otherwise.
     fn wants_annotations(&self) -> bool {
@@ -398,6 +409,25 @@ pub trait DeviceHal: Send + Sync + 'static {
 
     /// The object as [`Any`], for backends that need to recognise their own types.
     fn as_any(&self) -> &dyn Any;
+}
+
+/// A pool of the device's own stream-ordered allocator (CANN's `aclrtMemPool*`).
+///
+/// Attribute ids and value meanings are the C API's (DESIGN.md §5); boolean switches are
+/// passed as 0 / 1.
+pub trait NativePoolHal: Send + Sync + 'static {
+    /// The pool's size in bytes (rounded by the driver).
+    fn max_size(&self) -> u64;
+    /// `aclrtMemPoolMallocAsync`: `size` bytes usable by work enqueued on `stream` afterwards.
+    fn malloc_async(&self, size: u64, stream: &dyn StreamHal) -> DriverResult<DevicePtr>;
+    /// `aclrtMemPoolFreeAsync`: returns `ptr` to the pool in `stream`'s order.
+    fn free_async(&self, ptr: DevicePtr, stream: &dyn StreamHal) -> DriverResult<()>;
+    /// `aclrtMemPoolSetAttr`.
+    fn set_attr(&self, id: u32, value: u64) -> DriverResult<()>;
+    /// `aclrtMemPoolGetAttr`.
+    fn get_attr(&self, id: u32) -> DriverResult<u64>;
+    /// `aclrtMemPoolTrimTo`.
+    fn trim_to(&self, bytes: u64) -> DriverResult<()>;
 }
 
 /// A stream: tasks execute strictly in enqueue order.

@@ -33,7 +33,8 @@ use crate::stream::Stream;
 pub struct PoolAlloc<'s, T> {
     pool: &'s MemPool<'s>,
     stream: &'s Stream<'s>,
-    block: BlockId,
+    /// The engine's block; `None` for a native (CANN) pool, which frees by pointer.
+    block: Option<BlockId>,
     ptr: DevicePtr,
     len: usize,
     /// Other streams that used the block since it was allocated.
@@ -47,7 +48,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     pub(crate) fn new(
         pool: &'s MemPool<'s>,
         stream: &'s Stream<'s>,
-        block: BlockId,
+        block: Option<BlockId>,
         ptr: DevicePtr,
         len: usize,
     ) -> Self {
@@ -83,7 +84,13 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         let location = std::panic::Location::caller();
         let uses = std::mem::take(&mut *self.uses.lock());
         let device = &self.pool.device().shared;
-        self.pool.core().free_block(device, self.block, self.stream, &uses, Some(location))
+        self.pool.core().free_block(
+            device,
+            (self.block, self.ptr),
+            self.stream,
+            &uses,
+            Some(location),
+        )
     }
 
     /// Moves the allocation to stream `to`: records an event on its current stream and makes
@@ -144,7 +151,7 @@ impl<T> PoolAlloc<'_, T> {
         self.stream.slot()
     }
 
-    pub(crate) fn block(&self) -> BlockId {
+    pub(crate) fn block(&self) -> Option<BlockId> {
         self.block
     }
 
@@ -152,15 +159,15 @@ impl<T> PoolAlloc<'_, T> {
         (self.len * std::mem::size_of::<T>()) as u64
     }
 
-    /// Points the allocation at a new block; returns the old block and its recorded uses.
+    /// Points the allocation at a new block; returns the old block, pointer and recorded uses.
     pub(crate) fn relocate(
         &mut self,
         block: BlockId,
         ptr: DevicePtr,
-    ) -> (BlockId, SmallVec<[StreamSlot; 2]>) {
-        let old = std::mem::replace(&mut self.block, block);
-        self.ptr = ptr;
-        (old, std::mem::take(&mut *self.uses.lock()))
+    ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamSlot; 2]>) {
+        let old = std::mem::replace(&mut self.block, Some(block));
+        let old_ptr = std::mem::replace(&mut self.ptr, ptr);
+        (old, old_ptr, std::mem::take(&mut *self.uses.lock()))
     }
 }
 
@@ -172,7 +179,7 @@ impl<T> Drop for PoolAlloc<'_, T> {
         let uses = std::mem::take(&mut *self.uses.lock());
         let result = self.pool.core().free_block(
             &self.pool.device().shared,
-            self.block,
+            (self.block, self.ptr),
             self.stream,
             &uses,
             None,

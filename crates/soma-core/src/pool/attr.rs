@@ -35,7 +35,7 @@ pub trait Attribute: sealed::Sealed {
     /// The value type.
     type Value: Copy;
     #[doc(hidden)]
-    fn get(pool: &MemPool<'_>) -> Self::Value;
+    fn get(pool: &MemPool<'_>) -> Result<Self::Value>;
 }
 
 /// An attribute that can be set.
@@ -47,7 +47,7 @@ pub trait Settable: Attribute {
 /// A high-water mark that can be reset (to 0, then it follows the current value again).
 pub trait Resettable: Attribute {
     #[doc(hidden)]
-    fn reset(pool: &MemPool<'_>);
+    fn reset(pool: &MemPool<'_>) -> Result<()>;
 }
 
 macro_rules! reuse_switch {
@@ -59,12 +59,18 @@ macro_rules! reuse_switch {
         impl Attribute for $name {
             const ID: u32 = $id;
             type Value = bool;
-            fn get(pool: &MemPool<'_>) -> bool {
-                pool.core().reuse_flag($bit)
+            fn get(pool: &MemPool<'_>) -> Result<bool> {
+                match &pool.core().native {
+                    Some(n) => Ok(n.get_attr($id)? != 0),
+                    None => Ok(pool.core().reuse_flag($bit)),
+                }
             }
         }
         impl Settable for $name {
             fn set(pool: &MemPool<'_>, value: bool) -> Result<()> {
+                if let Some(n) = &pool.core().native {
+                    n.set_attr($id, value.into())?;
+                }
                 pool.core().set_reuse_flag($bit, value);
                 Ok(())
             }
@@ -101,13 +107,20 @@ impl sealed::Sealed for ReleaseThreshold {}
 impl Attribute for ReleaseThreshold {
     const ID: u32 = 0x4;
     type Value = u64;
-    fn get(pool: &MemPool<'_>) -> u64 {
-        pool.core().release_threshold()
+    fn get(pool: &MemPool<'_>) -> Result<u64> {
+        match &pool.core().native {
+            Some(n) => Ok(n.get_attr(Self::ID)?),
+            None => Ok(pool.core().release_threshold()),
+        }
     }
 }
 impl Settable for ReleaseThreshold {
     fn set(pool: &MemPool<'_>, value: u64) -> Result<()> {
-        pool.core().set_release_threshold(value)
+        pool.core().set_release_threshold(value)?;
+        if let Some(n) = &pool.core().native {
+            n.set_attr(Self::ID, value)?;
+        }
+        Ok(())
     }
 }
 
@@ -120,9 +133,12 @@ macro_rules! counter {
         impl Attribute for $name {
             const ID: u32 = $id;
             type Value = u64;
-            fn get(pool: &MemPool<'_>) -> u64 {
+            fn get(pool: &MemPool<'_>) -> Result<u64> {
+                if let Some(n) = &pool.core().native {
+                    return Ok(n.get_attr($id)?);
+                }
                 let $p = pool.core();
-                $get
+                Ok($get)
             }
         }
     };
@@ -154,13 +170,21 @@ counter!(
 );
 
 impl Resettable for ReservedMemHigh {
-    fn reset(pool: &MemPool<'_>) {
+    fn reset(pool: &MemPool<'_>) -> Result<()> {
+        if let Some(n) = &pool.core().native {
+            return Ok(n.set_attr(Self::ID, 0)?);
+        }
         pool.core().with_engine(|e| e.reset_reserved_high());
+        Ok(())
     }
 }
 
 impl Resettable for UsedMemHigh {
-    fn reset(pool: &MemPool<'_>) {
+    fn reset(pool: &MemPool<'_>) -> Result<()> {
+        if let Some(n) = &pool.core().native {
+            return Ok(n.set_attr(Self::ID, 0)?);
+        }
         pool.core().with_engine(|e| e.reset_used_high());
+        Ok(())
     }
 }

@@ -2,6 +2,7 @@
 
 mod alloc;
 pub mod attr;
+mod observe_api;
 mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -23,12 +24,22 @@ use crate::error::{Error, OutOfMemory, Result};
 use crate::hal::{DeviceHal, DevicePtr, PhysicalHandle};
 use crate::observe::{History, Record, RecordKind};
 use crate::stream::Stream;
+use attr::Attribute as _;
 use std::panic::Location;
 use std::time::Instant;
 
 pub(crate) const FOLLOW_EVENT_DEPENDENCIES: u32 = 1 << 0;
 pub(crate) const OPPORTUNISTIC: u32 = 1 << 1;
 pub(crate) const INTERNAL_DEPENDENCIES: u32 = 1 << 2;
+
+/// A block handed out by [`PoolCore::allocate`]: from the engine (`block`) or from the
+/// device's native pool (`block == None`, freed by pointer).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Granted {
+    pub(crate) block: Option<BlockId>,
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: u64,
+}
 
 /// What an out-of-memory hook asks the pool to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +132,7 @@ pub struct MemPoolBuilder {
     index_by_offset: bool,
     history: usize,
     on_oom: Option<OomHook>,
+    native: bool,
 }
 
 impl std::fmt::Debug for MemPoolBuilder {
@@ -133,6 +145,7 @@ impl std::fmt::Debug for MemPoolBuilder {
             .field("raw_pointers", &self.index_by_offset)
             .field("history", &self.history)
             .field("on_oom", &self.on_oom.is_some())
+            .field("native", &self.native)
             .finish()
     }
 }
@@ -147,6 +160,7 @@ impl Default for MemPoolBuilder {
             index_by_offset: false,
             history: 0,
             on_oom: None,
+            native: false,
         }
     }
 }
@@ -212,6 +226,16 @@ impl MemPoolBuilder {
         self
     }
 
+    /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
+    /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
+    /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
+    /// [`Error::Driver`] `Unsupported` error that says so. Not available: `compact`, history,
+    /// `raw_pointers` lookups of foreign pointers (CANN validates them), most of `stats()`.
+    pub fn native(mut self) -> Self {
+        self.native = true;
+        self
+    }
+
     /// Creates the pool on `device`: reserves its virtual range, maps nothing yet.
     ///
     /// # Errors
@@ -259,7 +283,28 @@ impl MemPoolBuilder {
         })
         .map_err(Error::InvalidConfig)?;
         let hal = Arc::clone(device.hal());
-        let base = hal.reserve(max_size)?;
+        let native = if self.native {
+            let native = hal.create_native_pool(max_size)?;
+            native.set_attr(
+                attr::ReuseFollowEventDependencies::ID,
+                self.reuse.follow_event_dependencies.into(),
+            )?;
+            native.set_attr(attr::ReuseAllowOpportunistic::ID, self.reuse.opportunistic.into())?;
+            native.set_attr(
+                attr::ReuseAllowInternalDependencies::ID,
+                self.reuse.internal_dependencies.into(),
+            )?;
+            native.set_attr(attr::ReleaseThreshold::ID, threshold)?;
+            Some(native)
+        } else {
+            None
+        };
+        // A native pool owns its address space; the engine's range stays unreserved.
+        let base = match &native {
+            Some(_) => DevicePtr::new(u64::MAX)
+                .ok_or_else(|| Error::InvalidConfig("no sentinel address".into()))?,
+            None => hal.reserve(max_size)?,
+        };
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let core = Arc::new(PoolCore {
             hal,
@@ -280,6 +325,7 @@ impl MemPoolBuilder {
             created: Instant::now(),
             on_oom: self.on_oom,
             annotate: device.hal().wants_annotations(),
+            native,
             history_on: self.history > 0,
         });
         device.shared.register_pool(&core);
@@ -369,6 +415,8 @@ pub(crate) struct PoolCore {
     on_oom: Option<OomHook>,
     /// Whether the device's sanitizer wants to hear about allocations and frees.
     annotate: bool,
+    /// The device's own pool, for `MemPoolBuilder::native()`; the engine is then unused.
+    pub(crate) native: Option<Box<dyn crate::hal::NativePoolHal>>,
     /// Whether the pool keeps a history (fixed at creation: the hot path checks this flag,
     /// not the locked state).
     history_on: bool,
@@ -527,7 +575,8 @@ impl PoolCore {
 
     /// Releases free memory down to the threshold (called after host synchronisations).
     pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
-        if self.torn_down.load(Ordering::Acquire) {
+        // A native pool applies its own threshold.
+        if self.torn_down.load(Ordering::Acquire) || self.native.is_some() {
             return;
         }
         let threshold = self.release_threshold();
@@ -564,7 +613,15 @@ impl PoolCore {
         stream: &Stream<'_>,
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
-    ) -> Result<Allocation> {
+    ) -> Result<Granted> {
+        if let Some(native) = &self.native {
+            if let Some(e) = self.inner.lock().sticky.take() {
+                return Err(e);
+            }
+            let ptr = native.malloc_async(bytes, &**stream.hal())?;
+            let size = bytes.div_ceil(self.alignment) * self.alignment;
+            return Ok(Granted { block: None, ptr, size });
+        }
         let mut hook_retried = false;
         loop {
             match self.try_allocate(device, bytes, stream, location) {
@@ -578,7 +635,13 @@ impl PoolCore {
                     }
                     return Err(Error::OutOfMemory(oom));
                 }
-                other => return other,
+                other => {
+                    return other.map(|a| Granted {
+                        block: Some(a.block),
+                        ptr: self.ptr_at(a.offset),
+                        size: a.size,
+                    })
+                }
             }
         }
     }
@@ -600,8 +663,11 @@ impl PoolCore {
             let (engine, mut backing) = inner.parts(self);
             engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
         };
+        // What was pending on other streams before the wait, for the report.
+        let mut first_pending = smallvec::SmallVec::new();
         let result = match first {
             Err(AllocError::OutOfMemory(info)) if !info.pending.is_empty() => {
+                first_pending.clone_from(&info.pending);
                 // Wait (without the pool lock) for the streams holding pending frees, then
                 // retry once: their blocks become host-observed and reusable here.
                 for pending in &info.pending {
@@ -624,7 +690,7 @@ impl PoolCore {
             Ok(a) => a,
             Err((e, retried)) => {
                 let oom = matches!(e, AllocError::OutOfMemory(_));
-                let error = self.alloc_error(e, bytes, stream, retried);
+                let error = self.alloc_error(e, bytes, stream, retried, &first_pending);
                 let mut inner = self.inner.lock();
                 if oom {
                     inner.ooms += 1;
@@ -687,7 +753,17 @@ impl PoolCore {
         Ok(())
     }
 
-    fn alloc_error(&self, e: AllocError, bytes: u64, stream: &Stream<'_>, retried: bool) -> Error {
+    /// The error for a failed allocation; out of memory carries the pool's numbers, the
+    /// frees that were pending on other streams (`first_pending`, before the pool's wait, or
+    /// those of the final attempt) by stream id, and the reuse policy.
+    fn alloc_error(
+        &self,
+        e: AllocError,
+        bytes: u64,
+        stream: &Stream<'_>,
+        retried: bool,
+        first_pending: &[crate::engine::PendingFrees],
+    ) -> Error {
         match e {
             AllocError::InvalidSize(msg) => Error::InvalidSize(msg),
             AllocError::InvalidAlignment(msg) => Error::InvalidArgument(msg),
@@ -697,6 +773,17 @@ impl PoolCore {
             }),
             AllocError::OutOfMemory(info) => {
                 let mem = self.hal.mem_info().ok();
+                let source =
+                    if first_pending.is_empty() { &info.pending[..] } else { first_pending };
+                let device = &stream.device().shared;
+                let mut pending: Vec<crate::observe::PendingFree> = source
+                    .iter()
+                    .map(|p| crate::observe::PendingFree {
+                        stream: device.live_stream(p.stream).map_or(0, |l| l.hal.id()),
+                        bytes: p.bytes,
+                    })
+                    .collect();
+                pending.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.stream.cmp(&b.stream)));
                 Error::OutOfMemory(Box::new(OutOfMemory {
                     requested: bytes,
                     rounded: info.rounded,
@@ -705,7 +792,9 @@ impl PoolCore {
                     reserved: info.reserved,
                     max: info.max,
                     largest_free_block: info.largest_free_block,
-                    pending_bytes: info.pending_bytes,
+                    pending_bytes: pending.iter().map(|p| p.bytes).sum(),
+                    pending,
+                    reuse: self.reuse_policy(),
                     device_free: mem.map_or(0, |m| m.free),
                     device_total: mem.map_or(0, |m| m.total),
                     retried,
@@ -720,7 +809,7 @@ impl PoolCore {
     pub(crate) fn free_block(
         &self,
         device: &DeviceShared,
-        block: BlockId,
+        granted: (Option<BlockId>, DevicePtr),
         stream: &Stream<'_>,
         other_uses: &[StreamSlot],
         location: Option<&'static Location<'static>>,
@@ -736,6 +825,13 @@ impl PoolCore {
                 stream.clock().raise(user, live.base + pos);
             }
         }
+        let (block, ptr) = granted;
+        let Some(block) = block else {
+            let native = self.native.as_ref().ok_or_else(|| {
+                Error::InvalidArgument(format!("{ptr} has no block in this pool"))
+            })?;
+            return Ok(native.free_async(ptr, &**stream.hal())?);
+        };
         let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
         let mut inner = self.inner.lock();
         let info = if self.history_on || self.annotate { inner.engine.block(block) } else { None };
@@ -839,7 +935,7 @@ impl<'d> MemPool<'d> {
             self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut |_| {
                 OomAction::Fail
             })?;
-        Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
+        Ok(PoolAlloc::new(self, stream, allocation.block, allocation.ptr, len))
     }
 
     /// As [`alloc_async`](Self::alloc_async), but when the pool is out of memory `on_oom` is
@@ -875,7 +971,7 @@ impl<'d> MemPool<'d> {
         let bytes = bytes_for::<T>(len)?;
         let allocation =
             self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut on_oom)?;
-        Ok(PoolAlloc::new(self, stream, allocation.block, self.core.ptr_at(allocation.offset), len))
+        Ok(PoolAlloc::new(self, stream, allocation.block, allocation.ptr, len))
     }
 
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
@@ -891,7 +987,7 @@ impl<'d> MemPool<'d> {
         let a = self
             .core
             .allocate(&self.device.shared, bytes, stream, None, &mut |_| OomAction::Fail)?;
-        Ok((self.core.ptr_at(a.offset), a.size))
+        Ok((a.ptr, a.size))
     }
 
     /// Frees a block from [`alloc_raw`](Self::alloc_raw) onto `stream`, in stream order.
@@ -901,12 +997,15 @@ impl<'d> MemPool<'d> {
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
         stream.check_device(self.device, "the pool")?;
+        if self.core.native.is_some() {
+            return self.core.free_block(&self.device.shared, (None, ptr), stream, &[], None);
+        }
         let block = self.lookup(ptr).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{ptr} is not the start of a live allocation of this pool"
             ))
         })?;
-        self.core.free_block(&self.device.shared, block, stream, &[], None)
+        self.core.free_block(&self.device.shared, (Some(block), ptr), stream, &[], None)
     }
 
     /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
@@ -926,7 +1025,7 @@ impl<'d> MemPool<'d> {
     /// A sticky error from an earlier failed `Drop` is reported first.
     pub fn get<A: attr::Attribute>(&self) -> Result<A::Value> {
         self.take_sticky()?;
-        Ok(A::get(self))
+        A::get(self)
     }
 
     /// Sets an attribute; read-only attributes do not implement [`attr::Settable`].
@@ -944,8 +1043,7 @@ impl<'d> MemPool<'d> {
     /// A sticky error from an earlier failed `Drop`.
     pub fn reset<A: attr::Resettable>(&self) -> Result<()> {
         self.take_sticky()?;
-        A::reset(self);
-        Ok(())
+        A::reset(self)
     }
 
     fn take_sticky(&self) -> Result<()> {
@@ -968,6 +1066,12 @@ impl<'d> MemPool<'d> {
                 self.core.max_size
             )));
         }
+        if let Some(native) = &self.core.native {
+            let before = native.get_attr(attr::ReservedMemCurrent::ID)?;
+            native.trim_to(bytes)?;
+            let after = native.get_attr(attr::ReservedMemCurrent::ID)?;
+            return Ok(before.saturating_sub(after));
+        }
         let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
         let mut inner = self.core.inner.lock();
         let (engine, mut backing) = inner.parts(&self.core);
@@ -984,6 +1088,17 @@ impl<'d> MemPool<'d> {
 
     /// A consistent snapshot of the pool's counters; O(1).
     pub fn stats(&self) -> PoolStats {
+        if let Some(native) = &self.core.native {
+            let get = |id| native.get_attr(id).unwrap_or(0);
+            return PoolStats {
+                used: get(attr::UsedMemCurrent::ID),
+                used_high: get(attr::UsedMemHigh::ID),
+                reserved: get(attr::ReservedMemCurrent::ID),
+                reserved_high: get(attr::ReservedMemHigh::ID),
+                max_size: self.core.max_size,
+                ..PoolStats::default()
+            };
+        }
         let inner = self.core.inner.lock();
         PoolStats::from_engine(
             &inner.engine.stats(),
@@ -1006,6 +1121,11 @@ impl<'d> MemPool<'d> {
         allocations: &mut [&mut PoolAlloc<'_, T>],
     ) -> Result<usize> {
         self.take_sticky()?;
+        if self.core.native.is_some() {
+            return Err(Error::Driver(crate::hal::DriverError::Unsupported(
+                "compact: a native (CANN) pool does not expose its blocks".into(),
+            )));
+        }
         for a in allocations.iter() {
             if !std::ptr::eq(a.pool_core(), &*self.core) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
@@ -1026,8 +1146,8 @@ impl<'d> MemPool<'d> {
                 requester: Some(stream),
                 reuse: self.core.reuse.load(Ordering::Relaxed),
             };
-            let target =
-                self.core.inner.lock().engine.relocate_lower(a.block(), stream.slot(), &order);
+            let Some(block) = a.block() else { continue };
+            let target = self.core.inner.lock().engine.relocate_lower(block, stream.slot(), &order);
             let Some(target) = target else { continue };
             if let Some(tag) = target.dependency {
                 if let Err(e) = self.core.insert_dependency(&self.device.shared, tag, stream) {
@@ -1041,8 +1161,8 @@ impl<'d> MemPool<'d> {
                 let _ = self.core.inner.lock().engine.free(target.block, tag);
                 return Err(e.into());
             }
-            let old = a.relocate(target.block, new_ptr);
-            self.core.free_block(&self.device.shared, old.0, stream, &old.1, None)?;
+            let (old_block, old_ptr, uses) = a.relocate(target.block, new_ptr);
+            self.core.free_block(&self.device.shared, (old_block, old_ptr), stream, &uses, None)?;
             moved += 1;
         }
         Ok(moved)
@@ -1090,6 +1210,10 @@ impl Drop for MemPool<'_> {
             }
         }
         self.core.torn_down.store(true, Ordering::Release);
+        if self.core.native.is_some() {
+            // Dropping the native pool destroys it (errors are kept by the backend).
+            return;
+        }
         let mut inner = self.core.inner.lock();
         // Nothing to report to from a destructor; the device's counters show any leak.
         let (engine, mut backing) = inner.parts(&self.core);

@@ -785,6 +785,13 @@ impl DeviceHal for AscendDevice {
             .map_err(map_call_err)
     }
 
+    fn create_native_pool(
+        &self,
+        max_size: u64,
+    ) -> DriverResult<Box<dyn soma_core::hal::NativePoolHal>> {
+        Ok(Box::new(super::native_pool::NativePool::create(self, max_size)?))
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

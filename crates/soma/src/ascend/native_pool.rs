@@ -289,3 +289,59 @@ impl Drop for NativePool {
         }
     }
 }
+
+/// Downcasts a HAL stream to this backend's stream.
+fn ascend_stream(stream: &dyn soma_core::hal::StreamHal) -> DriverResult<&AscendStream> {
+    stream.as_any().downcast_ref::<AscendStream>().ok_or_else(|| {
+        DriverError::InvalidHandle("a stream of another backend used with a CANN pool".into())
+    })
+}
+
+impl soma_core::hal::NativePoolHal for NativePool {
+    fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    fn malloc_async(
+        &self,
+        size: u64,
+        stream: &dyn soma_core::hal::StreamHal,
+    ) -> DriverResult<DevicePtr> {
+        NativePool::malloc_async(self, size, ascend_stream(stream)?)
+    }
+
+    fn free_async(
+        &self,
+        ptr: DevicePtr,
+        stream: &dyn soma_core::hal::StreamHal,
+    ) -> DriverResult<()> {
+        NativePool::free_async(self, ptr, ascend_stream(stream)?)
+    }
+
+    fn set_attr(&self, id: u32, value: u64) -> DriverResult<()> {
+        let attr = aclrtMemPoolAttr(id as _);
+        match attr_width(attr) {
+            Some(AttrWidth::U32) => {
+                let v = u32::try_from(value).map_err(|_| {
+                    DriverError::InvalidValue(format!("{value} does not fit attribute {id:#x}"))
+                })?;
+                self.set_attr_u32(attr, v)
+            }
+            Some(AttrWidth::U64) => self.set_attr_u64(attr, value),
+            None => Err(DriverError::InvalidValue(format!("unknown pool attribute {id:#x}"))),
+        }
+    }
+
+    fn get_attr(&self, id: u32) -> DriverResult<u64> {
+        let attr = aclrtMemPoolAttr(id as _);
+        match attr_width(attr) {
+            Some(AttrWidth::U32) => self.get_attr_u32(attr).map(u64::from),
+            Some(AttrWidth::U64) => self.get_attr_u64(attr),
+            None => Err(DriverError::InvalidValue(format!("unknown pool attribute {id:#x}"))),
+        }
+    }
+
+    fn trim_to(&self, bytes: u64) -> DriverResult<()> {
+        NativePool::trim_to(self, bytes)
+    }
+}

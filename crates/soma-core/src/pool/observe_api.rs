@@ -1,0 +1,85 @@
+//! The pool's observability methods: snapshot, high-water reset, history exports.
+
+use std::sync::atomic::Ordering;
+
+use super::MemPool;
+use crate::observe::{History, Snapshot, SvgOptions};
+
+impl MemPool<'_> {
+    /// The pool's mapped memory now: segments (runs of mapped address space) and their
+    /// blocks — live, cached on a stream (named by the stream's backend id), or free — with
+    /// totals. O(blocks), under the pool's lock; see [`Snapshot::to_json`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{observe::BlockStatus, MemPool};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let a = pool.alloc_async::<u8>(4096, &s)?;
+    /// drop(pool.alloc_async::<u8>(4096, &s)?); // cached on `s`
+    /// let snap = pool.snapshot();
+    /// assert_eq!(snap.used, 4096);
+    /// assert!(snap.blocks().any(|b| matches!(b.status,
+    ///     BlockStatus::Cached { stream: Some(id), .. } if id == s.id())));
+    /// # drop(a); Ok(()) }
+    /// ```
+    pub fn snapshot(&self) -> Snapshot {
+        let core = self.core();
+        let device = &self.device().shared;
+        let inner = core.inner.lock();
+        Snapshot::from_blocks(
+            core.created.elapsed().as_nanos() as u64,
+            core.max_size,
+            core.alignment,
+            inner.engine.blocks(),
+            |slot| {
+                let id = device.live_stream(slot).map(|l| l.hal.id());
+                (id, device.slot(slot).observed.load(Ordering::Acquire))
+            },
+        )
+    }
+
+    /// Restarts the `used` and `reserved` high-water marks from their current values (as
+    /// resetting [`attr::UsedMemHigh`](crate::attr::UsedMemHigh) and
+    /// [`attr::ReservedMemHigh`](crate::attr::ReservedMemHigh) does), atomically: e.g. to
+    /// measure the peak of one phase of a program.
+    pub fn reset_highs(&self) {
+        self.core().with_engine(|e| {
+            e.reset_used_high();
+            e.reset_reserved_high();
+        });
+    }
+
+    /// A copy of the event history ring (it keeps the **last** `capacity` records and counts
+    /// the dropped ones), or `None` when the pool was built without
+    /// [`history`](crate::MemPoolBuilder::history). Its methods export it:
+    /// [`History::to_json_lines`], [`History::to_chrome_trace`], [`History::to_trace_csv`],
+    /// [`History::to_svg`].
+    pub fn history_log(&self) -> Option<History> {
+        self.core().inner.lock().history.clone()
+    }
+
+    /// The history as JSON lines ([`History::to_json_lines`]); empty without a history.
+    pub fn history_json_lines(&self) -> String {
+        self.history_log().map(|h| h.to_json_lines()).unwrap_or_default()
+    }
+
+    /// The history as a Chrome trace / Perfetto JSON document ([`History::to_chrome_trace`]);
+    /// a document without events when the pool keeps no history.
+    pub fn history_chrome_trace(&self) -> String {
+        self.history_log().unwrap_or_else(|| History::new(1)).to_chrome_trace()
+    }
+
+    /// The history's allocations and frees as a replay trace CSV
+    /// ([`History::to_trace_csv`]).
+    pub fn history_trace_csv(&self) -> String {
+        self.history_log().unwrap_or_else(|| History::new(1)).to_trace_csv()
+    }
+
+    /// A memory timeline picture of the history ([`History::to_svg`]).
+    pub fn history_svg(&self, options: &SvgOptions) -> String {
+        self.history_log().unwrap_or_else(|| History::new(1)).to_svg(options)
+    }
+}
