@@ -303,9 +303,13 @@ impl Engine {
         order: &dyn StreamOrder,
     ) -> Option<(u32, Option<ReuseKind>)> {
         let own_slot = index_slot(true, stream);
-        let own = self.search(own_slot, size, align, None, usize::MAX);
-        let fresh = self.search(0, size, align, None, usize::MAX);
         let size_of = |i: u32| self.slab.blocks[i as usize].size;
+        let own = self.search(own_slot, size, align, None, usize::MAX);
+        if let Some(o) = own.filter(|&o| size_of(o) == size) {
+            // An exact fit cannot be beaten (the hot path: the block this stream just freed).
+            return Some((o, Some(ReuseKind::SameStream)));
+        }
+        let fresh = self.search(0, size, align, None, usize::MAX);
         match (own, fresh) {
             (Some(o), Some(f)) if size_of(f) < size_of(o) => return Some((f, None)),
             (Some(o), _) => return Some((o, Some(ReuseKind::SameStream))),

@@ -696,7 +696,15 @@ fn segment_policy() {
 #[test]
 #[ignore = "timing, not a check"]
 fn hot_path_timing() {
-    let mut e = engine(1024 * G);
+    for index in [true, false] {
+        hot_path_timing_with(index);
+    }
+}
+
+fn hot_path_timing_with(index: bool) {
+    let mut e =
+        Engine::new(EngineConfig { index_by_offset: index, ..EngineConfig::new(1024 * G, G) })
+            .unwrap();
     let mut b = FakeBacking::new();
     let o = TestOrder::default();
     let keep: Vec<_> =
@@ -723,6 +731,46 @@ fn hot_path_timing() {
     }
     let mixed = t.elapsed().as_nanos() as f64 / n as f64;
     e.check_invariants().unwrap();
-    println!("same-size alloc+free: {same:.1} ns; mixed 4 streams alloc+free: {mixed:.1} ns");
+    println!(
+        "index_by_offset {index}: same-size alloc+free {same:.1} ns; \
+         mixed sizes on 4 streams alloc+free {mixed:.1} ns"
+    );
     println!("{:?}", e.stats());
+}
+
+#[test]
+fn cross_stream_search_is_bounded_per_stream() {
+    let mut e = engine(256 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    // 40 blocks of 64 KiB on stream 1, separated by live guards so they cannot coalesce;
+    // the oldest (freed first, at pos 0) sits deepest in the LIFO list
+    let mut guards = Vec::new();
+    let blocks: Vec<_> = (0..40)
+        .map(|_| {
+            let a = alloc(&mut e, &mut b, &o, 65536, 1);
+            guards.push(alloc(&mut e, &mut b, &o, 512, 1));
+            a
+        })
+        .collect();
+    for (i, a) in blocks.iter().enumerate() {
+        free(&mut e, a, 1, 100 + i as u64);
+    }
+    // use up the untagged tail so that only stream 1's blocks are cached
+    let rest = e.stats().free_bytes - e.stats().pending_bytes;
+    let _filler = alloc(&mut e, &mut b, &o, rest, 9);
+    // only the first-freed block is eligible for stream 2, behind 39 newer ones
+    o.event.insert(1, 101);
+    let x = alloc(&mut e, &mut b, &o, 65536, 2);
+    assert_eq!(x.reuse, None, "beyond the budget of {CROSS_STREAM_BUDGET}: grows");
+    let rest = e.stats().free_bytes - e.stats().pending_bytes;
+    let _filler2 = alloc(&mut e, &mut b, &o, rest, 9);
+    // with every block eligible (bound above max_pos), the O(1) path finds one at once
+    o.event.insert(1, 1000);
+    let y = alloc(&mut e, &mut b, &o, 65536, 2);
+    assert_eq!(y.reuse, Some(ReuseKind::EventDependency));
+    // all but the newest eligible: the second block examined is taken
+    o.event.insert(1, 139);
+    let z = alloc(&mut e, &mut b, &o, 65536, 2);
+    assert_eq!(z.reuse, Some(ReuseKind::EventDependency));
 }
