@@ -98,9 +98,7 @@ pub(crate) fn set_message(msg: &str) {
 
 /// This thread's most recent error message, valid until the next failing call on this thread.
 pub(crate) fn message_ptr() -> *const c_char {
-    LAST_MESSAGE
-        .try_with(|m| m.borrow().as_ptr())
-        .unwrap_or_else(|_| c"thread is exiting".as_ptr())
+    LAST_MESSAGE.try_with(|m| m.borrow().as_ptr()).unwrap_or_else(|_| c"thread is exiting".as_ptr())
 }
 
 /// Runs the body of an exported function: a returned error becomes its code and this

@@ -321,7 +321,8 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
                 Ok(s.stream.host_fn(move || task.run())?)
             }
             Kind::D2D => {
-                let (MemRef::Device(d), MemRef::Device(sr)) = (mem_ref(dst, true), mem_ref(src, true))
+                let (MemRef::Device(d), MemRef::Device(sr)) =
+                    (mem_ref(dst, true), mem_ref(src, true))
                 else {
                     unreachable!()
                 };
@@ -397,9 +398,11 @@ pub extern "C" fn aclrtMemsetAsync(
         if check_memset(devPtr, maxCount, count)?.is_none() {
             return Ok(());
         }
-        let dev = rt.mem.lock().device_of(devPtr as u64).ok_or_else(|| {
-            AclErr::param(format!("{devPtr:p} is not device memory"))
-        })?;
+        let dev = rt
+            .mem
+            .lock()
+            .device_of(devPtr as u64)
+            .ok_or_else(|| AclErr::param(format!("{devPtr:p} is not device memory")))?;
         check_stream_device(&s, Some(dev))?;
         let p = device_ptr(devPtr as u64, "devPtr")?;
         Ok(s.stream.hal().memset(p, value as u8, count as u64)?)

@@ -60,12 +60,11 @@ impl Config {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let devices = match var("SOMA_SIM_DEVICES") {
             None => 1,
-            Some(v) => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to 64"))?,
+            Some(v) => {
+                v.trim().parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
+                    format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to 64")
+                })?
+            }
         };
         let capacity = match var("SOMA_SIM_CAPACITY") {
             None => 64 * GIB,
@@ -254,12 +253,10 @@ impl MemIndex {
 
     /// The device whose memory region contains `addr`, if any.
     pub(crate) fn device_of(&self, addr: u64) -> Option<u32> {
-        self.hulls.iter().position(|h| h.is_some_and(|(lo, hi)| addr >= lo && addr < hi)).map(
-            |i| {
-                // At most 64 devices: the index fits.
-                i as u32
-            },
-        )
+        self.hulls.iter().position(|h| h.is_some_and(|(lo, hi)| addr >= lo && addr < hi)).map(|i| {
+            // At most 64 devices: the index fits.
+            i as u32
+        })
     }
 
     /// The reservation containing `addr`: (base, device, size).
@@ -291,8 +288,10 @@ static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 impl Runtime {
     fn start() -> Result<Runtime, String> {
         let config = Config::from_env()?;
-        let mut builder =
-            Npu::builder().devices(config.devices).capacity(config.capacity).product(config.product);
+        let mut builder = Npu::builder()
+            .devices(config.devices)
+            .capacity(config.capacity)
+            .product(config.product);
         if config.latency {
             builder = builder.latency(LatencyModel::ascend_like());
         }
@@ -300,7 +299,11 @@ impl Runtime {
         let devices = (0..npu.device_count())
             .map(|i| {
                 let sim = npu.device(i).map_err(|e| e.to_string())?;
-                Ok(DevEntry { index: i, device: Device::new(sim), default_stream: Mutex::new(None) })
+                Ok(DevEntry {
+                    index: i,
+                    device: Device::new(sim),
+                    default_stream: Mutex::new(None),
+                })
             })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Runtime {
@@ -335,7 +338,10 @@ impl Runtime {
     }
 
     /// The default stream of `dev`, created on first use.
-    pub(crate) fn default_stream(&'static self, dev: &'static DevEntry) -> AclResult<Arc<StreamObj>> {
+    pub(crate) fn default_stream(
+        &'static self,
+        dev: &'static DevEntry,
+    ) -> AclResult<Arc<StreamObj>> {
         let mut slot = dev.default_stream.lock();
         if let Some(s) = &*slot {
             return Ok(Arc::clone(s));
@@ -366,7 +372,10 @@ impl Runtime {
 /// `ACL_ERROR_UNINITIALIZE` and a message naming it.
 pub(crate) fn rt() -> AclResult<&'static Runtime> {
     RUNTIME.get_or_init(Runtime::start).as_ref().map_err(|e| {
-        AclErr::new(ascend_sys::AclError::ERROR_UNINITIALIZE, format!("the runtime cannot start: {e}"))
+        AclErr::new(
+            ascend_sys::AclError::ERROR_UNINITIALIZE,
+            format!("the runtime cannot start: {e}"),
+        )
     })
 }
 

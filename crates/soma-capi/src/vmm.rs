@@ -117,8 +117,7 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
         let rt = rt()?;
         let dev = rt.current();
         let size = check_granular(dev, size)?;
-        if alignment != 0
-            && (!alignment.is_power_of_two() || alignment as u64 > dev.granularity())
+        if alignment != 0 && (!alignment.is_power_of_two() || alignment as u64 > dev.granularity())
         {
             return Err(AclErr::param(format!(
                 "alignment {alignment} is not 0 or a power of two up to the granularity {}",
@@ -218,7 +217,9 @@ pub extern "C" fn aclrtMapMem(
             )));
         }
         let (_, dev, _) = rt.mem.lock().reservation_of(va.addr()).ok_or_else(|| {
-            AclErr::param(format!("{virPtr:p} is not inside a reservation of aclrtReserveMemAddress"))
+            AclErr::param(format!(
+                "{virPtr:p} is not inside a reservation of aclrtReserveMemAddress"
+            ))
         })?;
         if dev != p.dev {
             return Err(AclErr::param(format!(
@@ -237,7 +238,9 @@ pub extern "C" fn aclrtUnmapMem(virPtr: *mut c_void) -> aclError {
         let rt = rt()?;
         let va = DevicePtr::new(virPtr as u64).ok_or_else(|| AclErr::param("virPtr is null"))?;
         let (_, dev, _) = rt.mem.lock().reservation_of(va.addr()).ok_or_else(|| {
-            AclErr::param(format!("{virPtr:p} is not inside a reservation of aclrtReserveMemAddress"))
+            AclErr::param(format!(
+                "{virPtr:p} is not inside a reservation of aclrtReserveMemAddress"
+            ))
         })?;
         rt.dev(dev).hal().unmap(va)?;
         Ok(())

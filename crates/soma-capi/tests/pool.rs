@@ -29,8 +29,22 @@ fn lifecycle_round_trip_attributes_destroy() {
     let mut dst = vec![0u8; n];
     // SAFETY: `src` and `dst` outlive the copies: the stream is synchronized before use.
     unsafe {
-        ok(aclrtMemcpyAsync(p as *mut c_void, n, src.as_ptr().cast(), n, aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE, s));
-        ok(aclrtMemcpyAsync(dst.as_mut_ptr().cast(), n, p as *const c_void, n, aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST, s));
+        ok(aclrtMemcpyAsync(
+            p as *mut c_void,
+            n,
+            src.as_ptr().cast(),
+            n,
+            aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+            s,
+        ));
+        ok(aclrtMemcpyAsync(
+            dst.as_mut_ptr().cast(),
+            n,
+            p as *const c_void,
+            n,
+            aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+            s,
+        ));
     }
     ok(free(p, s));
     ok(aclrtSynchronizeStream(s));
@@ -42,7 +56,11 @@ fn lifecycle_round_trip_attributes_destroy() {
     assert_eq!(get(pool, RESERVED), 0);
     ok(aclrtMemPoolDestroy(pool));
     fails(aclrtMemPoolDestroy(pool), AclError::ERROR_RT_INVALID_HANDLE, "destroy twice");
-    fails(try_alloc(512, pool, s).unwrap_err(), AclError::ERROR_RT_INVALID_HANDLE, "alloc after destroy");
+    fails(
+        try_alloc(512, pool, s).unwrap_err(),
+        AclError::ERROR_RT_INVALID_HANDLE,
+        "alloc after destroy",
+    );
     ok(aclrtDestroyStream(s));
 }
 
@@ -83,25 +101,45 @@ fn create_validation_rules() {
     // SAFETY: null arguments are checked.
     unsafe {
         let mut h = std::ptr::null_mut();
-        fails(aclrtMemPoolCreate(std::ptr::null_mut(), &good), AclError::ERROR_INVALID_PARAM, "null out");
-        fails(aclrtMemPoolCreate(&mut h, std::ptr::null()), AclError::ERROR_INVALID_PARAM, "null props");
+        fails(
+            aclrtMemPoolCreate(std::ptr::null_mut(), &good),
+            AclError::ERROR_INVALID_PARAM,
+            "null out",
+        );
+        fails(
+            aclrtMemPoolCreate(&mut h, std::ptr::null()),
+            AclError::ERROR_INVALID_PARAM,
+            "null props",
+        );
     }
     // Rounded up to the granularity: 1 byte -> 2 MiB.
     let small = try_pool(&props(1)).unwrap();
     ok(set_u64(small, THRESHOLD, 2 * MIB as u64));
-    fails(set_u64(small, THRESHOLD, 2 * MIB as u64 + 1), AclError::ERROR_INVALID_PARAM, "threshold");
+    fails(
+        set_u64(small, THRESHOLD, 2 * MIB as u64 + 1),
+        AclError::ERROR_INVALID_PARAM,
+        "threshold",
+    );
     let s = stream();
     let p = alloc(2 * MIB, small, s);
     fails(try_alloc(512, small, s).unwrap_err(), AclError::ERROR_RT_MEMORY_ALLOCATION, "full");
     ok(free(p, s));
-    fails(try_alloc(2 * MIB + 1, small, s).unwrap_err(), AclError::ERROR_RT_MEMORY_ALLOCATION, "above size");
+    fails(
+        try_alloc(2 * MIB + 1, small, s).unwrap_err(),
+        AclError::ERROR_RT_MEMORY_ALLOCATION,
+        "above size",
+    );
     ok(aclrtSynchronizeStream(s));
     ok(aclrtMemPoolDestroy(small));
     // 0 = the device's memory; exactly the device's memory is accepted.
     for max in [0, 16 * GIB] {
         let whole = try_pool(&props(max)).unwrap();
         ok(set_u64(whole, THRESHOLD, 16 * GIB as u64));
-        fails(set_u64(whole, THRESHOLD, 16 * GIB as u64 + 1), AclError::ERROR_INVALID_PARAM, "whole");
+        fails(
+            set_u64(whole, THRESHOLD, 16 * GIB as u64 + 1),
+            AclError::ERROR_INVALID_PARAM,
+            "whole",
+        );
         ok(aclrtMemPoolDestroy(whole));
     }
     ok(aclrtDestroyStream(s));
@@ -126,7 +164,11 @@ fn attributes_defaults_set_get_rules() {
     ok(set_u64(pool, THRESHOLD, 5 * MIB as u64));
     assert_eq!(get(pool, THRESHOLD), 5 * MIB as u64);
     ok(set_u64(pool, THRESHOLD, 64 * MIB as u64));
-    fails(set_u64(pool, THRESHOLD, 64 * MIB as u64 + 1), AclError::ERROR_INVALID_PARAM, "threshold");
+    fails(
+        set_u64(pool, THRESHOLD, 64 * MIB as u64 + 1),
+        AclError::ERROR_INVALID_PARAM,
+        "threshold",
+    );
     assert_eq!(get(pool, THRESHOLD), 64 * MIB as u64, "a failed set changes nothing");
     for a in [RESERVED, USED] {
         fails(set_u64(pool, a, 0), AclError::ERROR_INVALID_PARAM, "read-only");
@@ -144,13 +186,25 @@ fn attributes_defaults_set_get_rules() {
     assert_eq!(get(pool, RESERVED_HIGH), get(pool, RESERVED));
     for bad in [0u32, 9, 0x100, u32::MAX] {
         fails(set_u64(pool, aclrtMemPoolAttr(bad), 0), AclError::ERROR_INVALID_PARAM, "set bad id");
-        fails(try_get(pool, aclrtMemPoolAttr(bad)).unwrap_err(), AclError::ERROR_INVALID_PARAM, "get bad id");
+        fails(
+            try_get(pool, aclrtMemPoolAttr(bad)).unwrap_err(),
+            AclError::ERROR_INVALID_PARAM,
+            "get bad id",
+        );
     }
     for a in ALL_ATTRS {
         // SAFETY: a null value is checked.
         unsafe {
-            fails(aclrtMemPoolSetAttr(pool, a, std::ptr::null_mut()), AclError::ERROR_INVALID_PARAM, "set null");
-            fails(aclrtMemPoolGetAttr(pool, a, std::ptr::null_mut()), AclError::ERROR_INVALID_PARAM, "get null");
+            fails(
+                aclrtMemPoolSetAttr(pool, a, std::ptr::null_mut()),
+                AclError::ERROR_INVALID_PARAM,
+                "set null",
+            );
+            fails(
+                aclrtMemPoolGetAttr(pool, a, std::ptr::null_mut()),
+                AclError::ERROR_INVALID_PARAM,
+                "get null",
+            );
         }
     }
     ok(free(q, s));
@@ -257,7 +311,11 @@ fn trim_releases_now_but_never_memory_in_use() {
     ok(aclrtMemPoolTrimTo(pool, 0));
     let r = get(pool, RESERVED);
     assert!(r >= get(pool, USED) && r <= 2 * MIB as u64, "reserved {r} after trim");
-    fails(aclrtMemPoolTrimTo(pool, 256 * MIB + 1), AclError::ERROR_INVALID_PARAM, "trim above size");
+    fails(
+        aclrtMemPoolTrimTo(pool, 256 * MIB + 1),
+        AclError::ERROR_INVALID_PARAM,
+        "trim above size",
+    );
     ok(free(keep, s));
     ok(aclrtSynchronizeStream(s));
     ok(aclrtMemPoolTrimTo(pool, 0));
@@ -272,7 +330,9 @@ fn free_async_of_acl_malloc_memory_waits_for_the_stream() {
     let s = stream();
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
-    ok(unsafe { aclrtMalloc(&mut p, MIB, ascend_sys::aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) });
+    ok(unsafe {
+        aclrtMalloc(&mut p, MIB, ascend_sys::aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST)
+    });
     // Work before the free that uses the memory: a memset after a slow host function.
     extern "C" fn slow(_: *mut c_void) {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -309,20 +369,29 @@ fn bad_inputs_give_errors_and_leave_the_pool_unchanged() {
     let inv = AclError::ERROR_INVALID_PARAM;
     let handle = AclError::ERROR_RT_INVALID_HANDLE;
     let oom = AclError::ERROR_RT_MEMORY_ALLOCATION;
-    let alloc_err = |size: usize, pool, s| move || try_alloc(size, pool, s).err().unwrap_or(AclError::SUCCESS);
+    let alloc_err =
+        |size: usize, pool, s| move || try_alloc(size, pool, s).err().unwrap_or(AclError::SUCCESS);
     let rows: Vec<Row<'_>> = vec![
         ("malloc size 0", Box::new(alloc_err(0, pool, s)), inv),
         ("malloc SIZE_MAX", Box::new(alloc_err(usize::MAX, pool, s)), inv),
-        ("malloc SIZE_MAX-100 (rounding overflow)", Box::new(alloc_err(usize::MAX - 100, pool, s)), inv),
+        (
+            "malloc SIZE_MAX-100 (rounding overflow)",
+            Box::new(alloc_err(usize::MAX - 100, pool, s)),
+            inv,
+        ),
         ("malloc above pool size", Box::new(alloc_err(65 * MIB, pool, s)), oom),
         ("malloc null pool", Box::new(alloc_err(512, std::ptr::null_mut(), s)), inv),
         ("malloc destroyed pool", Box::new(alloc_err(512, dead_pool, s)), handle),
         ("malloc event as pool", Box::new(alloc_err(512, an_event, s)), handle),
         ("malloc destroyed stream", Box::new(alloc_err(512, pool, dead_stream)), handle),
-        ("malloc null out", Box::new(|| {
-            // SAFETY: a null out-pointer is checked.
-            unsafe { aclrtMemPoolMallocAsync(std::ptr::null_mut(), 512, pool, s) }
-        }), inv),
+        (
+            "malloc null out",
+            Box::new(|| {
+                // SAFETY: a null out-pointer is checked.
+                unsafe { aclrtMemPoolMallocAsync(std::ptr::null_mut(), 512, pool, s) }
+            }),
+            inv,
+        ),
         ("free null", Box::new(|| free(0, s)), inv),
         ("free interior", Box::new(|| free(live + 512, s)), inv),
         ("free foreign host pointer", Box::new(|| free(host_ptr, s)), inv),
@@ -330,16 +399,28 @@ fn bad_inputs_give_errors_and_leave_the_pool_unchanged() {
         ("free on destroyed stream", Box::new(|| free(live, dead_stream)), handle),
         ("set attr 0", Box::new(|| set_u64(pool, aclrtMemPoolAttr(0), 0)), inv),
         ("set attr 9", Box::new(|| set_u64(pool, aclrtMemPoolAttr(9), 0)), inv),
-        ("get attr 0xFFFF", Box::new(|| try_get(pool, aclrtMemPoolAttr(0xFFFF)).err().unwrap_or(AclError::SUCCESS)), inv),
+        (
+            "get attr 0xFFFF",
+            Box::new(|| try_get(pool, aclrtMemPoolAttr(0xFFFF)).err().unwrap_or(AclError::SUCCESS)),
+            inv,
+        ),
         ("set reserved current", Box::new(|| set_u64(pool, RESERVED, 0)), inv),
         ("set used current", Box::new(|| set_u64(pool, USED, 5)), inv),
         ("set used high 5", Box::new(|| set_u64(pool, USED_HIGH, 5)), inv),
         ("set threshold above size", Box::new(|| set_u64(pool, THRESHOLD, u64::MAX)), inv),
-        ("set null value", Box::new(|| {
-            // SAFETY: a null value is checked.
-            unsafe { aclrtMemPoolSetAttr(pool, THRESHOLD, std::ptr::null_mut()) }
-        }), inv),
-        ("get on destroyed pool", Box::new(|| try_get(dead_pool, USED).err().unwrap_or(AclError::SUCCESS)), handle),
+        (
+            "set null value",
+            Box::new(|| {
+                // SAFETY: a null value is checked.
+                unsafe { aclrtMemPoolSetAttr(pool, THRESHOLD, std::ptr::null_mut()) }
+            }),
+            inv,
+        ),
+        (
+            "get on destroyed pool",
+            Box::new(|| try_get(dead_pool, USED).err().unwrap_or(AclError::SUCCESS)),
+            handle,
+        ),
         ("trim above size", Box::new(|| aclrtMemPoolTrimTo(pool, usize::MAX)), inv),
         ("trim destroyed pool", Box::new(|| aclrtMemPoolTrimTo(dead_pool, 0)), handle),
         ("destroy with a live allocation", Box::new(|| aclrtMemPoolDestroy(pool)), inv),
@@ -347,18 +428,54 @@ fn bad_inputs_give_errors_and_leave_the_pool_unchanged() {
         ("destroy a stream handle", Box::new(|| aclrtMemPoolDestroy(s)), handle),
         ("aclrtFree of pool memory", Box::new(|| aclrtFree(live as *mut c_void)), inv),
         ("aclrtFreeHost of pool memory", Box::new(|| aclrtFreeHost(live as *mut c_void)), inv),
-        ("memcpy destMax < count", Box::new(|| {
-            // SAFETY: rejected before any access.
-            unsafe { aclrtMemcpy(live as *mut c_void, 16, host.as_ptr().cast(), 64, aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE) }
-        }), inv),
-        ("memcpy wrong kind", Box::new(|| {
-            // SAFETY: rejected before any access.
-            unsafe { aclrtMemcpy(live as *mut c_void, 64, host.as_ptr().cast(), 64, aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST) }
-        }), inv),
-        ("memcpy bad kind", Box::new(|| {
-            // SAFETY: rejected before any access.
-            unsafe { aclrtMemcpy(live as *mut c_void, 64, host.as_ptr().cast(), 64, aclrtMemcpyKind(77)) }
-        }), inv),
+        (
+            "memcpy destMax < count",
+            Box::new(|| {
+                // SAFETY: rejected before any access.
+                unsafe {
+                    aclrtMemcpy(
+                        live as *mut c_void,
+                        16,
+                        host.as_ptr().cast(),
+                        64,
+                        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
+                    )
+                }
+            }),
+            inv,
+        ),
+        (
+            "memcpy wrong kind",
+            Box::new(|| {
+                // SAFETY: rejected before any access.
+                unsafe {
+                    aclrtMemcpy(
+                        live as *mut c_void,
+                        64,
+                        host.as_ptr().cast(),
+                        64,
+                        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+                    )
+                }
+            }),
+            inv,
+        ),
+        (
+            "memcpy bad kind",
+            Box::new(|| {
+                // SAFETY: rejected before any access.
+                unsafe {
+                    aclrtMemcpy(
+                        live as *mut c_void,
+                        64,
+                        host.as_ptr().cast(),
+                        64,
+                        aclrtMemcpyKind(77),
+                    )
+                }
+            }),
+            inv,
+        ),
         ("memset maxCount < count", Box::new(|| aclrtMemset(live as *mut c_void, 1, 0, 2)), inv),
         ("record destroyed stream", Box::new(|| aclrtRecordEvent(an_event, dead_stream)), handle),
         ("sync destroyed stream", Box::new(|| aclrtSynchronizeStream(dead_stream)), handle),

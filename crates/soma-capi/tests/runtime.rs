@@ -133,17 +133,29 @@ fn streams_events_and_host_functions() {
         assert_eq!(ss, aclrtStreamStatus::ACL_STREAM_STATUS_COMPLETE);
         ok(aclrtStreamQuery(std::ptr::null_mut(), &mut ss));
         fails(aclrtStreamQuery(s, std::ptr::null_mut()), AclError::ERROR_INVALID_PARAM, "null");
-        fails(aclrtLaunchHostFunc(s, None, std::ptr::null_mut()), AclError::ERROR_INVALID_PARAM, "null fn");
+        fails(
+            aclrtLaunchHostFunc(s, None, std::ptr::null_mut()),
+            AclError::ERROR_INVALID_PARAM,
+            "null fn",
+        );
     }
     // The default stream (null) works everywhere a stream does.
     ok(aclrtRecordEvent(e1, std::ptr::null_mut()));
     ok(aclrtStreamWaitEvent(std::ptr::null_mut(), e1));
     ok(aclrtSynchronizeStream(std::ptr::null_mut()));
-    fails(aclrtDestroyStream(std::ptr::null_mut()), AclError::ERROR_INVALID_PARAM, "destroy default");
+    fails(
+        aclrtDestroyStream(std::ptr::null_mut()),
+        AclError::ERROR_INVALID_PARAM,
+        "destroy default",
+    );
     ok(aclrtDestroyStream(s));
     fails(aclrtDestroyStream(s), AclError::ERROR_RT_INVALID_HANDLE, "stream twice");
     fails(aclrtRecordEvent(e1, s), AclError::ERROR_RT_INVALID_HANDLE, "dead stream");
-    fails(aclrtRecordEvent(s, std::ptr::null_mut()), AclError::ERROR_RT_INVALID_HANDLE, "stream as event");
+    fails(
+        aclrtRecordEvent(s, std::ptr::null_mut()),
+        AclError::ERROR_RT_INVALID_HANDLE,
+        "stream as event",
+    );
     ok(aclrtDestroyEvent(e1));
     ok(aclrtDestroyEvent(e2));
     fails(aclrtSynchronizeEvent(e1), AclError::ERROR_RT_INVALID_HANDLE, "dead event");
@@ -171,11 +183,19 @@ fn copies_and_memset_in_every_direction() {
         ok(aclrtMemcpy(out2.as_mut_ptr().cast(), n, out.as_ptr().cast(), n, H2H));
         assert_eq!(out, out2);
         // Kinds must match the pointers.
-        for (d, sp, k) in [(a, src.as_ptr().cast(), D2H), (out.as_mut_ptr().cast(), a as *const c_void, H2D),
-                           (a, b as *const c_void, H2H), (out.as_mut_ptr().cast(), src.as_ptr().cast(), D2D)] {
+        for (d, sp, k) in [
+            (a, src.as_ptr().cast(), D2H),
+            (out.as_mut_ptr().cast(), a as *const c_void, H2D),
+            (a, b as *const c_void, H2H),
+            (out.as_mut_ptr().cast(), src.as_ptr().cast(), D2D),
+        ] {
             fails(aclrtMemcpy(d, n, sp, n, k), AclError::ERROR_INVALID_PARAM, "kind mismatch");
         }
-        fails(aclrtMemcpy(std::ptr::null_mut(), n, a, n, D2H), AclError::ERROR_INVALID_PARAM, "null dst");
+        fails(
+            aclrtMemcpy(std::ptr::null_mut(), n, a, n, D2H),
+            AclError::ERROR_INVALID_PARAM,
+            "null dst",
+        );
         ok(aclrtMemcpy(a, n, src.as_ptr().cast(), 0, H2D));
         // Async, stream ordered.
         ok(aclrtMemsetAsync(b, n, 7, n, s));
@@ -184,7 +204,11 @@ fn copies_and_memset_in_every_direction() {
         ok(aclrtMemcpyAsync(out2.as_mut_ptr().cast(), n, out.as_ptr().cast(), n, H2H, s));
         ok(aclrtSynchronizeStream(s));
         assert!(out2.iter().all(|&x| x == 7));
-        fails(aclrtMemsetAsync(out.as_mut_ptr().cast(), n, 0, n, s), AclError::ERROR_INVALID_PARAM, "host memset async");
+        fails(
+            aclrtMemsetAsync(out.as_mut_ptr().cast(), n, 0, n, s),
+            AclError::ERROR_INVALID_PARAM,
+            "host memset async",
+        );
     }
     ok(aclrtDestroyStream(s));
     ok(aclrtFree(a));
@@ -194,10 +218,26 @@ fn copies_and_memset_in_every_direction() {
     // SAFETY: valid out-pointer.
     unsafe {
         let mut p = std::ptr::null_mut();
-        fails(aclrtMalloc(&mut p, 0, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST), AclError::ERROR_INVALID_PARAM, "size 0");
-        fails(aclrtMalloc(&mut p, usize::MAX, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST), AclError::ERROR_INVALID_PARAM, "SIZE_MAX");
-        fails(aclrtMalloc(&mut p, 9 * GIB, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST), AclError::ERROR_RT_MEMORY_ALLOCATION, "above device");
-        fails(aclrtMalloc(&mut p, 512, aclrtMemMallocPolicy(9)), AclError::ERROR_INVALID_PARAM, "policy");
+        fails(
+            aclrtMalloc(&mut p, 0, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST),
+            AclError::ERROR_INVALID_PARAM,
+            "size 0",
+        );
+        fails(
+            aclrtMalloc(&mut p, usize::MAX, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST),
+            AclError::ERROR_INVALID_PARAM,
+            "SIZE_MAX",
+        );
+        fails(
+            aclrtMalloc(&mut p, 9 * GIB, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST),
+            AclError::ERROR_RT_MEMORY_ALLOCATION,
+            "above device",
+        );
+        fails(
+            aclrtMalloc(&mut p, 512, aclrtMemMallocPolicy(9)),
+            AclError::ERROR_INVALID_PARAM,
+            "policy",
+        );
     }
 }
 
@@ -213,15 +253,27 @@ fn host_memory_and_mem_info() {
         assert_eq!(*h.cast::<u8>().add(4095), 3);
         fails(aclrtMallocHost(&mut h, 0), AclError::ERROR_INVALID_PARAM, "size 0");
         let mut local = 0u64;
-        fails(aclrtFreeHost((&mut local as *mut u64).cast()), AclError::ERROR_INVALID_PARAM, "foreign");
+        fails(
+            aclrtFreeHost((&mut local as *mut u64).cast()),
+            AclError::ERROR_INVALID_PARAM,
+            "foreign",
+        );
         ok(aclrtFreeHost(h));
         fails(aclrtFreeHost(h), AclError::ERROR_INVALID_PARAM, "twice");
         let (mut free, mut total) = (0usize, 0usize);
         ok(aclrtGetMemInfo(aclrtMemAttr::ACL_HBM_MEM, &mut free, &mut total));
         assert_eq!(total, 8 * GIB);
         assert!(free <= total);
-        fails(aclrtGetMemInfo(aclrtMemAttr(99), &mut free, &mut total), AclError::ERROR_INVALID_PARAM, "attr");
-        fails(aclrtGetMemInfo(aclrtMemAttr::ACL_HBM_MEM, std::ptr::null_mut(), &mut total), AclError::ERROR_INVALID_PARAM, "null");
+        fails(
+            aclrtGetMemInfo(aclrtMemAttr(99), &mut free, &mut total),
+            AclError::ERROR_INVALID_PARAM,
+            "attr",
+        );
+        fails(
+            aclrtGetMemInfo(aclrtMemAttr::ACL_HBM_MEM, std::ptr::null_mut(), &mut total),
+            AclError::ERROR_INVALID_PARAM,
+            "null",
+        );
     }
 }
 
@@ -240,21 +292,49 @@ fn virtual_memory_management() {
     let mut g = 0usize;
     // SAFETY: valid pointers throughout; device memory is only touched through the API.
     unsafe {
-        ok(aclrtMemGetAllocationGranularity(&mut prop, aclrtMemGranularityOptions::ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED, &mut g));
+        ok(aclrtMemGetAllocationGranularity(
+            &mut prop,
+            aclrtMemGranularityOptions::ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            &mut g,
+        ));
         assert_eq!(g, 2 * MIB);
-        fails(aclrtMemGetAllocationGranularity(&mut prop, aclrtMemGranularityOptions(7), &mut g), AclError::ERROR_INVALID_PARAM, "option");
+        fails(
+            aclrtMemGetAllocationGranularity(&mut prop, aclrtMemGranularityOptions(7), &mut g),
+            AclError::ERROR_INVALID_PARAM,
+            "option",
+        );
         let mut bad = prop;
         bad.location.type_ = aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_HOST;
-        fails(aclrtMemGetAllocationGranularity(&mut bad, aclrtMemGranularityOptions::ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM, &mut g), AclError::ERROR_INVALID_PARAM, "host location");
+        fails(
+            aclrtMemGetAllocationGranularity(
+                &mut bad,
+                aclrtMemGranularityOptions::ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM,
+                &mut g,
+            ),
+            AclError::ERROR_INVALID_PARAM,
+            "host location",
+        );
         let mut va = std::ptr::null_mut();
         ok(aclrtReserveMemAddress(&mut va, 4 * g, 0, std::ptr::null_mut(), 0));
-        fails(aclrtReserveMemAddress(&mut va, g + 1, 0, std::ptr::null_mut(), 0), AclError::ERROR_INVALID_PARAM, "unaligned size");
+        fails(
+            aclrtReserveMemAddress(&mut va, g + 1, 0, std::ptr::null_mut(), 0),
+            AclError::ERROR_INVALID_PARAM,
+            "unaligned size",
+        );
         let mut h = std::ptr::null_mut();
         fails(aclrtMallocPhysical(&mut h, g, &prop, 1), AclError::ERROR_INVALID_PARAM, "flags");
-        fails(aclrtMallocPhysical(&mut h, g / 2, &prop, 0), AclError::ERROR_INVALID_PARAM, "half granule");
+        fails(
+            aclrtMallocPhysical(&mut h, g / 2, &prop, 0),
+            AclError::ERROR_INVALID_PARAM,
+            "half granule",
+        );
         let mut bad = prop;
         bad.allocationType = aclrtMemAllocationType(3);
-        fails(aclrtMallocPhysical(&mut h, g, &bad, 0), AclError::ERROR_INVALID_PARAM, "allocation type");
+        fails(
+            aclrtMallocPhysical(&mut h, g, &bad, 0),
+            AclError::ERROR_INVALID_PARAM,
+            "allocation type",
+        );
         bad = prop;
         bad.reserve = 1;
         fails(aclrtMallocPhysical(&mut h, g, &bad, 0), AclError::ERROR_INVALID_PARAM, "reserve");
@@ -270,7 +350,11 @@ fn virtual_memory_management() {
         fails(aclrtFreePhysical(h), AclError::ERROR_RT_PARAM_INVALID, "free while mapped");
         fails(aclrtReleaseMemAddress(va), AclError::ERROR_RT_PARAM_INVALID, "release while mapped");
         ok(aclrtUnmapMem(va));
-        fails(aclrtMemcpy(va, 256, data.as_ptr().cast(), 256, H2D), AclError::ERROR_RT_PARAM_INVALID, "unmapped");
+        fails(
+            aclrtMemcpy(va, 256, data.as_ptr().cast(), 256, H2D),
+            AclError::ERROR_RT_PARAM_INVALID,
+            "unmapped",
+        );
         ok(aclrtFreePhysical(h));
         fails(aclrtFreePhysical(h), AclError::ERROR_RT_INVALID_HANDLE, "twice");
         ok(aclrtReleaseMemAddress(va));

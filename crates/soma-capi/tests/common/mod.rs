@@ -134,13 +134,16 @@ pub fn set_u64(pool: aclrtMemPool, a: aclrtMemPoolAttr, v: u64) -> AclError {
     unsafe { aclrtMemPoolSetAttr(pool, a, (&mut v as *mut u64).cast()) }
 }
 
-pub const FOLLOW: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES;
-pub const OPPORTUNISTIC: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_REUSE_ALLOW_OPPORTUNISTIC;
+pub const FOLLOW: aclrtMemPoolAttr =
+    aclrtMemPoolAttr::ACL_RT_MEM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES;
+pub const OPPORTUNISTIC: aclrtMemPoolAttr =
+    aclrtMemPoolAttr::ACL_RT_MEM_POOL_REUSE_ALLOW_OPPORTUNISTIC;
 pub const INTERNAL: aclrtMemPoolAttr =
     aclrtMemPoolAttr::ACL_RT_MEM_POOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
 pub const THRESHOLD: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_RELEASE_THRESHOLD;
 pub const RESERVED: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_CURRENT;
-pub const RESERVED_HIGH: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_HIGH;
+pub const RESERVED_HIGH: aclrtMemPoolAttr =
+    aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_RESERVED_MEM_HIGH;
 pub const USED: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_USED_MEM_CURRENT;
 pub const USED_HIGH: aclrtMemPoolAttr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_USED_MEM_HIGH;
 pub const ALL_ATTRS: [aclrtMemPoolAttr; 8] =
