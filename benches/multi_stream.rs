@@ -1,0 +1,2 @@
+//! Placeholder (filled in by the next commit).
+fn main() {}

@@ -1,0 +1,256 @@
+//! `soma-replay`: replays one allocator trace on the software NPU through soma's public API
+//! and prints what it cost.
+//!
+//! ```text
+//! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
+//!             [--streams N] [--sync-every K] [--capacity BYTES] [--json]
+//! ```
+//!
+//! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). With `--streams N` op `k` of the
+//! trace runs on stream `k mod N`: an allocation is made there, and a free on another stream
+//! than the allocation's first hands the allocation off (an event recorded on its stream,
+//! waited on by the freeing stream), so frees cross streams in stream order and their blocks
+//! are reused across streams through those events. `--sync-every K` synchronizes the device
+//! every `K` ops (that is where the release threshold applies); by default nothing
+//! synchronizes until the end.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use soma::{MemPool, PoolAlloc, Stream};
+use soma_tools::trace::{Op, Trace};
+
+#[derive(Debug)]
+struct Args {
+    trace: PathBuf,
+    alignment: Option<u64>,
+    max_size: Option<u64>,
+    release_threshold: Option<u64>,
+    streams: usize,
+    sync_every: usize,
+    capacity: u64,
+    json: bool,
+}
+
+const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
+[--release-threshold BYTES] [--streams N] [--sync-every K] [--capacity BYTES] [--json]";
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        trace: PathBuf::new(),
+        alignment: None,
+        max_size: None,
+        release_threshold: None,
+        streams: 1,
+        sync_every: 0,
+        capacity: 64 << 30,
+        json: false,
+    };
+    let mut trace = None;
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--alignment" => a.alignment = Some(parse_size(&value("--alignment")?)?),
+            "--max-size" => a.max_size = Some(parse_size(&value("--max-size")?)?),
+            "--release-threshold" => {
+                a.release_threshold = Some(parse_size(&value("--release-threshold")?)?)
+            }
+            "--capacity" => a.capacity = parse_size(&value("--capacity")?)?,
+            "--streams" => {
+                a.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?;
+                if a.streams == 0 {
+                    return Err("--streams must be at least 1".into());
+                }
+            }
+            "--sync-every" => {
+                a.sync_every =
+                    value("--sync-every")?.parse().map_err(|e| format!("--sync-every: {e}"))?
+            }
+            "--json" => a.json = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
+            s => {
+                if trace.replace(PathBuf::from(s)).is_some() {
+                    return Err(format!("one trace only\n{USAGE}"));
+                }
+            }
+        }
+    }
+    a.trace = trace.ok_or_else(|| USAGE.to_string())?;
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soma-replay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let trace = Trace::load(&args.trace)?;
+    let npu = soma::sim::Npu::builder().capacity(args.capacity).build()?;
+    let dev = npu.device(0)?;
+    let streams: Vec<Stream<'_>> =
+        (0..args.streams).map(|_| dev.create_stream()).collect::<Result<_, _>>()?;
+    let mut builder = MemPool::builder();
+    if let Some(v) = args.alignment {
+        builder = builder.alignment(v);
+    }
+    if let Some(v) = args.max_size {
+        builder = builder.max_size(v);
+    }
+    if let Some(v) = args.release_threshold {
+        builder = builder.release_threshold(v);
+    }
+    let pool = builder.build(&dev)?;
+    let sim = npu.sim_device(0)?;
+    let calls_before = sim.stats();
+
+    let n = streams.len();
+    let mut handles: Vec<Option<PoolAlloc<'_, u8>>> = Vec::with_capacity(trace.slots);
+    handles.resize_with(trace.slots, || None);
+    let mut owner: Vec<u32> = vec![0; trace.slots];
+    let mut hand_offs = 0u64;
+    let start = Instant::now();
+    for (k, op) in trace.ops.iter().enumerate() {
+        let s = k % n;
+        match *op {
+            Op::Alloc { slot, bytes } => {
+                let a = pool.alloc_async::<u8>(bytes as usize, &streams[s]).map_err(|e| {
+                    format!("op {k}: allocation of {bytes} bytes on stream {s} failed: {e}")
+                })?;
+                handles[slot as usize] = Some(a);
+                owner[slot as usize] = s as u32;
+            }
+            Op::Free { slot } => {
+                let Some(a) = handles[slot as usize].take() else { continue };
+                if owner[slot as usize] as usize != s {
+                    hand_offs += 1;
+                    drop(a.hand_off(&streams[s])?);
+                } else {
+                    drop(a);
+                }
+            }
+        }
+        if args.sync_every > 0 && (k + 1) % args.sync_every == 0 {
+            dev.synchronize()?;
+        }
+    }
+    let elapsed = start.elapsed();
+    let stats = pool.stats();
+    drop(handles);
+    dev.synchronize()?;
+    let sim_after = sim.stats();
+
+    let ops = trace.ops.len() as u64;
+    let ns_per_op = elapsed.as_nanos() as f64 / ops.max(1) as f64;
+    let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
+    if args.json {
+        println!(
+            "{{\"trace\":\"{}\",\"ops\":{},\"streams\":{},\"ns_per_op\":{:.1},\
+             \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
+             \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
+             \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
+            trace.name,
+            ops,
+            n,
+            ns_per_op,
+            trace.stats.peak_live_bytes,
+            stats.used_high,
+            stats.reserved_high,
+            stats.fragmentation(),
+            frag_requested,
+            stats.map_calls,
+            stats.unmap_calls,
+            hand_offs,
+            stats.reuses.total(),
+            stats.fresh_allocations
+        );
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!("trace                 {} ({})", trace.name, args.trace.display());
+    println!(
+        "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, {} stream(s)",
+        pool.alignment(),
+        mib(pool.max_size()),
+        mib(pool.get::<soma::attr::ReleaseThreshold>()?),
+        n
+    );
+    println!(
+        "ops                   {ops} ({} allocs, {} frees)",
+        trace.stats.allocs, trace.stats.frees
+    );
+    println!("time                  {:.3} ms, {ns_per_op:.1} ns/op", elapsed.as_secs_f64() * 1e3);
+    println!("peak live (requested) {:.1} MiB", mib(trace.stats.peak_live_bytes));
+    println!("peak used             {:.1} MiB", mib(stats.used_high));
+    println!("peak reserved         {:.1} MiB", mib(stats.reserved_high));
+    println!(
+        "fragmentation         {:.4} (peak reserved / peak used), {:.4} (/ peak requested)",
+        stats.fragmentation(),
+        frag_requested
+    );
+    println!("driver map / unmap    {} / {}", stats.map_calls, stats.unmap_calls);
+    println!(
+        "reuses                {} (same stream {}, event {}, opportunistic {}, host sync {}), fresh {}",
+        stats.reuses.total(),
+        stats.reuses.same_stream,
+        stats.reuses.event_dependency,
+        stats.reuses.opportunistic,
+        stats.reuses.host_synchronized,
+        stats.fresh_allocations
+    );
+    println!("cross-stream frees    {hand_offs} (hand-offs through events)");
+    println!(
+        "simulator             physical allocs {} , maps {}, unmaps {}",
+        sim_after.calls.alloc_physical - calls_before.calls.alloc_physical,
+        sim_after.calls.map - calls_before.calls.map,
+        sim_after.calls.unmap - calls_before.calls.unmap
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes_and_options() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("2M").unwrap(), 2 << 20);
+        assert_eq!(parse_size("8g").unwrap(), 8 << 30);
+        assert!(parse_size("x").is_err());
+        let a = parse_args(
+            ["t.csv", "--streams", "4", "--max-size", "1G", "--json"].map(String::from).into_iter(),
+        )
+        .unwrap();
+        assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
+        assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
+        assert!(parse_args(std::iter::empty()).is_err());
+    }
+}
