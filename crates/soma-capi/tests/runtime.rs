@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ascend_sys::{
     aclrtEventRecordedStatus, aclrtMemAllocationType, aclrtMemAttr, aclrtMemGranularityOptions,
-    aclrtMemLocationType, aclrtMemMallocPolicy, aclrtMemcpyKind, aclrtPhysicalMemProp,
-    aclrtStreamStatus, AclError,
+    aclrtMemLocation, aclrtMemLocationType, aclrtMemMallocPolicy, aclrtMemcpyKind,
+    aclrtPhysicalMemProp, aclrtStreamStatus, AclError,
 };
 use ascendcl::*;
 use common::*;
@@ -278,11 +278,15 @@ fn host_memory_and_mem_info() {
 }
 
 fn phys_prop() -> aclrtPhysicalMemProp {
-    let mut p = aclrtPhysicalMemProp::default();
-    p.allocationType = aclrtMemAllocationType::ACL_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type_ = aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_DEVICE;
-    p.memAttr = aclrtMemAttr::ACL_HBM_MEM_HUGE;
-    p
+    aclrtPhysicalMemProp {
+        allocationType: aclrtMemAllocationType::ACL_MEM_ALLOCATION_TYPE_PINNED,
+        location: aclrtMemLocation {
+            id: 0,
+            type_: aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_DEVICE,
+        },
+        memAttr: aclrtMemAttr::ACL_HBM_MEM_HUGE,
+        ..Default::default()
+    }
 }
 
 #[test]

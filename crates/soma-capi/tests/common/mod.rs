@@ -6,8 +6,8 @@ use std::ffi::{c_void, CStr};
 use std::sync::Once;
 
 use ascend_sys::{
-    aclrtEvent, aclrtMemAllocationType, aclrtMemLocationType, aclrtMemPool, aclrtMemPoolAttr,
-    aclrtMemPoolProps, aclrtStream, AclError,
+    aclrtEvent, aclrtMemAllocationType, aclrtMemLocation, aclrtMemLocationType, aclrtMemPool,
+    aclrtMemPoolAttr, aclrtMemPoolProps, aclrtStream, AclError,
 };
 use ascendcl::*;
 
@@ -47,12 +47,15 @@ pub fn fails(e: AclError, want: AclError, what: &str) {
 }
 
 pub fn props(max: usize) -> aclrtMemPoolProps {
-    let mut p = aclrtMemPoolProps::default();
-    p.allocType = aclrtMemAllocationType::ACL_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type_ = aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
-    p.maxSize = max;
-    p
+    aclrtMemPoolProps {
+        allocType: aclrtMemAllocationType::ACL_MEM_ALLOCATION_TYPE_PINNED,
+        location: aclrtMemLocation {
+            id: 0,
+            type_: aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_DEVICE,
+        },
+        maxSize: max,
+        ..Default::default()
+    }
 }
 
 pub fn try_pool(p: &aclrtMemPoolProps) -> Result<aclrtMemPool, AclError> {
