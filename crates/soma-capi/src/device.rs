@@ -51,7 +51,7 @@ pub extern "C" fn aclFinalize() -> aclError {
 /// valid until the next failing call on this thread. Never null.
 #[no_mangle]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
-    message_ptr()
+    std::panic::catch_unwind(message_ptr).unwrap_or_else(|_| c"internal error".as_ptr())
 }
 
 /// Makes `deviceId` the calling thread's current device.

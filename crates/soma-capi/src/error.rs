@@ -122,3 +122,33 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> AclResult) -> aclError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_maps_errors_and_panics() {
+        assert_eq!(guard("f", || Ok(())), AclError::SUCCESS);
+        let e = guard("f", || Err(AclErr::param("bad x")));
+        assert_eq!(e, AclError::ERROR_INVALID_PARAM);
+        // SAFETY: the message is a valid C string owned by this thread.
+        let msg = unsafe { std::ffi::CStr::from_ptr(message_ptr()) };
+        assert_eq!(msg.to_str(), Ok("f: bad x"));
+        let e = guard("g", || panic!("boom"));
+        assert_eq!(e, ACL_ERROR_RT_INTERNAL_ERROR);
+        // SAFETY: as above.
+        let msg = unsafe { std::ffi::CStr::from_ptr(message_ptr()) };
+        assert!(msg.to_string_lossy().contains("boom"), "{msg:?}");
+    }
+
+    #[test]
+    fn driver_errors_map_to_codes() {
+        let oom = DriverError::OutOfMemory { requested: 1, free: 0 };
+        assert_eq!(AclErr::from(oom).code, AclError::ERROR_RT_MEMORY_ALLOCATION);
+        let h = DriverError::InvalidHandle("x".into());
+        assert_eq!(AclErr::from(h).code, AclError::ERROR_RT_INVALID_HANDLE);
+        let size = soma_core::Error::InvalidSize("0".into());
+        assert_eq!(AclErr::from(size).code, AclError::ERROR_INVALID_PARAM);
+    }
+}

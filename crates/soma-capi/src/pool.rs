@@ -102,8 +102,13 @@ pub unsafe extern "C" fn aclrtMemPoolCreate(
     })
 }
 
-/// The pool behind `h`, after the product check of the current device.
+/// The pool behind `h`. Order of the checks, for every pool function: null arguments
+/// (`ACL_ERROR_INVALID_PARAM`, as CANN's API layer checks them), then the product of the
+/// current device (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`), then the handle.
 fn pool_of(h: aclrtMemPool) -> AclResult<Arc<PoolObj>> {
+    if h.is_null() {
+        return Err(AclErr::param("memPool is null"));
+    }
     let rt = rt()?;
     rt.current().require_pool_support()?;
     rt.pools.get(h)
@@ -192,10 +197,10 @@ pub unsafe extern "C" fn aclrtMemPoolSetAttr(
     value: *mut c_void,
 ) -> aclError {
     guard("aclrtMemPoolSetAttr", || {
-        let p = pool_of(memPool)?;
         if value.is_null() {
             return Err(AclErr::param("value is null"));
         }
+        let p = pool_of(memPool)?;
         let pool = &p.pool;
         match attr.0 {
             0x1..=0x3 => {
@@ -254,10 +259,10 @@ pub unsafe extern "C" fn aclrtMemPoolGetAttr(
     value: *mut c_void,
 ) -> aclError {
     guard("aclrtMemPoolGetAttr", || {
-        let p = pool_of(memPool)?;
         if value.is_null() {
             return Err(AclErr::param("value is null"));
         }
+        let p = pool_of(memPool)?;
         let pool = &p.pool;
         let flag = |b: bool| u32::from(b);
         let v32 = match attr.0 {
@@ -332,11 +337,11 @@ pub unsafe extern "C" fn aclrtMemPoolMallocAsync(
 ) -> aclError {
     guard("aclrtMemPoolMallocAsync", || {
         let rt = rt()?;
-        let p = pool_of(memPool)?;
         let out = out_ptr(ptr, "ptr")?;
         if size == 0 {
             return Err(AclErr::param("size is 0"));
         }
+        let p = pool_of(memPool)?;
         let s = rt.stream(stream)?;
         same_device(&s, &p)?;
         let align = p.pool.alignment();
@@ -369,10 +374,10 @@ pub unsafe extern "C" fn aclrtMemPoolMallocAsync(
 #[no_mangle]
 pub extern "C" fn aclrtMemPoolFreeAsync(ptr: *mut c_void, stream: aclrtStream) -> aclError {
     guard("aclrtMemPoolFreeAsync", || {
+        let addr = DevicePtr::new(ptr as u64).ok_or_else(|| AclErr::param("ptr is null"))?;
         let rt = rt()?;
         let s = rt.stream(stream)?;
         rt.dev(s.dev).require_pool_support()?;
-        let addr = DevicePtr::new(ptr as u64).ok_or_else(|| AclErr::param("ptr is null"))?;
         for p in rt.pools.all() {
             let size = {
                 let mut st = p.state.lock();

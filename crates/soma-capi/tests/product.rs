@@ -23,6 +23,15 @@ fn pool_api_is_not_supported_off_atlas_a2() {
     fails(set_u64(fake, THRESHOLD, 0), ns, "set");
     fails(aclrtMemPoolTrimTo(fake, 0), ns, "trim");
     fails(aclrtMemPoolDestroy(fake), ns, "destroy");
+    // Null arguments are checked first, as CANN's API layer does.
+    let inv = AclError::ERROR_INVALID_PARAM;
+    fails(aclrtMemPoolDestroy(std::ptr::null_mut()), inv, "destroy null");
+    fails(try_alloc(0, fake, s).unwrap_err(), inv, "malloc size 0");
+    // SAFETY: null pointers are checked.
+    unsafe {
+        fails(aclrtMemPoolCreate(std::ptr::null_mut(), &props(0)), inv, "create null out");
+        fails(aclrtMemPoolGetAttr(fake, USED, std::ptr::null_mut()), inv, "get null value");
+    }
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     ok(unsafe { aclrtMalloc(&mut p, 4096, aclrtMemMallocPolicy::ACL_MEM_MALLOC_HUGE_FIRST) });
