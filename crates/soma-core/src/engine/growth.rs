@@ -301,6 +301,13 @@ impl Engine {
                 (fl, sl) = if s + 1 < SL { (f, s + 1) } else { (f + 1, 0) };
             }
         }
+        let found: u64 = cands.iter().map(|c| c.1).sum();
+        if found < need {
+            // Segments covered by several free blocks (e.g. of different streams, which never
+            // merge) are only found by the exhaustive scan: O(blocks + segments), next to the
+            // driver call this growth makes anyway.
+            self.collect_free_segments(&|b| recyclable(b, order), protect, &mut cands);
+        }
         cands.sort_unstable_by_key(|c| c.1);
         let mut chosen: smallvec::SmallVec<[(u64, u64, u32); 8]> = smallvec::SmallVec::new();
         let mut remaining = need;
@@ -325,6 +332,46 @@ impl Engine {
         self.scratch = cands;
     }
 
+    /// Replaces `out` with `(offset, size, first covering block)` of every segment, in address
+    /// order, that is entirely covered by free blocks satisfying `pred` and does not
+    /// intersect `protect`.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(blocks + segments).
+    fn collect_free_segments(
+        &self,
+        pred: &dyn Fn(&Block) -> bool,
+        protect: (u64, u64),
+        out: &mut Vec<(u64, u64, u32)>,
+    ) {
+        out.clear();
+        let mut cur = self.first;
+        for (&off, seg) in &self.segments {
+            let end = off + seg.size;
+            while self.slab.blocks[cur as usize].end() <= off {
+                cur = self.slab.blocks[cur as usize].next;
+            }
+            if end > protect.0 && off < protect.1 {
+                continue;
+            }
+            let mut c = cur;
+            let covered = loop {
+                let b = &self.slab.blocks[c as usize];
+                if b.kind != Kind::Free || !pred(b) {
+                    break false;
+                }
+                if b.end() >= end {
+                    break true;
+                }
+                c = b.next;
+            };
+            if covered {
+                out.push((off, seg.size, cur));
+            }
+        }
+    }
+
     /// Unmaps, highest address first, fully free segments whose every block satisfies
     /// `pred` until `reserved <= max(keep, used)`.
     pub(super) fn release_where(
@@ -338,28 +385,7 @@ impl Engine {
             return Ok(0);
         }
         let mut cands = std::mem::take(&mut self.scratch);
-        cands.clear();
-        let mut cur = self.first;
-        for (&off, seg) in &self.segments {
-            let end = off + seg.size;
-            while self.slab.blocks[cur as usize].end() <= off {
-                cur = self.slab.blocks[cur as usize].next;
-            }
-            let mut c = cur;
-            let ok = loop {
-                let b = &self.slab.blocks[c as usize];
-                if b.kind != Kind::Free || !pred(b) {
-                    break false;
-                }
-                if b.end() >= end {
-                    break true;
-                }
-                c = b.next;
-            };
-            if ok {
-                cands.push((off, seg.size, cur));
-            }
-        }
+        self.collect_free_segments(pred, (0, 0), &mut cands);
         let mut released = 0;
         let mut result = Ok(());
         for &(off, len, first) in cands.iter().rev() {

@@ -81,8 +81,10 @@
 //! first unmaps fully free segments elsewhere whose free blocks are untagged or complete per
 //! [`StreamOrder::is_complete`] (the device can no longer touch them): the smallest segment
 //! that covers what remains, else the largest, until the excess is recycled or no candidate
-//! is left. Candidates are segments lying inside one free block of at least one granule
-//! (found through the free indices). Memory freed on the requesting stream but not complete
+//! is left. Candidates are first the segments inside one free block of at least one granule
+//! (found through the free indices); when those do not cover the excess, an exhaustive scan
+//! also finds segments covered by several free blocks (such as blocks of different streams,
+//! which never merge). Memory freed on the requesting stream but not complete
 //! is *not* recycled: unmapping takes effect on the host immediately, not in stream order,
 //! so in-flight work could still touch it. Below the all-time high nothing is recycled:
 //! mapping then costs no peak memory, and recycling would only add driver calls.
@@ -669,8 +671,9 @@ impl Engine {
     ///
     /// Served from cache: O(1) for the requesting stream and untagged memory, plus one
     /// [`StreamOrder::eligibility`] call and at most [`CROSS_STREAM_BUDGET`] block visits
-    /// per other stream with cached blocks. Growth: O(holes + large free blocks + log
-    /// segments) next to a driver call. Out of memory: O(n) to build the report.
+    /// per other stream with cached blocks. Growth: O(holes + large free blocks × log
+    /// segments), or O(n + segments) when recycling needs the exhaustive scan — always next
+    /// to a driver call. Out of memory: O(n) to build the report.
     #[allow(
         clippy::result_large_err,
         reason = "the API carries OomInfo by value; the error path is cold"

@@ -143,3 +143,63 @@ fn trace_fragmentation() {
         }
     }
 }
+
+/// The traces spread over two streams (allocation `id` on stream `id % 2`, freed on the
+/// stream it was allocated on), with and without cross-stream reuse: how much per-stream
+/// caching costs. Run with `--ignored --nocapture`.
+#[test]
+#[ignore = "measurement"]
+fn trace_fragmentation_two_streams() {
+    let dir = trace_dir();
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        println!("skipped: trace directory {} is absent", dir.display());
+        return;
+    };
+    let mut paths: Vec<_> = rd
+        .filter_map(|d| d.ok().map(|d| d.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    paths.sort();
+    for p in &paths {
+        let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
+        for cross in [false, true] {
+            let mut e = Engine::new(EngineConfig {
+                range_size: 64 << 30,
+                granularity: G,
+                alignment: 512,
+                index_by_offset: false,
+            })
+            .unwrap();
+            let mut b = FakeBacking::new();
+            let mut o = TestOrder { all_complete: true, ..TestOrder::default() };
+            if cross {
+                // opportunistic: everything complete
+                o.completed.insert(0, u64::MAX);
+                o.completed.insert(1, u64::MAX);
+            }
+            let mut live = HashMap::new();
+            for (pos, &(id, op)) in events.iter().enumerate() {
+                let s = (id % 2) as u32;
+                match op {
+                    Some(bytes) => {
+                        live.insert(id, e.alloc(bytes, 512, s, &o, &mut b).unwrap());
+                    }
+                    None => {
+                        let a = live.remove(&id).unwrap();
+                        e.free(a.block, FreeTag { stream: s, pos: pos as u64 }).unwrap();
+                    }
+                }
+            }
+            let st = e.stats();
+            println!(
+                "{:<26} cross-stream reuse {:<5} ratio {:.4} maps {} unmaps {} reuses {:?}",
+                p.file_name().unwrap().to_string_lossy(),
+                cross,
+                st.reserved_high as f64 / st.used_high as f64,
+                st.map_calls,
+                st.unmap_calls,
+                st.reuses
+            );
+        }
+    }
+}

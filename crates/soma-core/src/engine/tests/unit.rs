@@ -774,3 +774,28 @@ fn cross_stream_search_is_bounded_per_stream() {
     let z = alloc(&mut e, &mut b, &o, 65536, 2);
     assert_eq!(z.reuse, Some(ReuseKind::EventDependency));
 }
+
+#[test]
+fn recycling_finds_segments_split_between_streams() {
+    let mut e = engine(64 * G);
+    e.segments_per_growth = 1;
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    // one 4 MiB segment holding two 2 MiB blocks, freed on two streams: they never merge
+    let x = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
+    let guard = alloc(&mut e, &mut b, &o, G, 0);
+    free(&mut e, &x, 0, 1);
+    let y0 = alloc(&mut e, &mut b, &o, G, 0);
+    let y1 = alloc(&mut e, &mut b, &o, G, 0);
+    assert_eq!((y0.offset, y1.offset), (0, G));
+    free(&mut e, &y0, 1, 5);
+    free(&mut e, &y1, 2, 5);
+    o.complete_bound.insert(1, 6);
+    o.complete_bound.insert(2, 6);
+    // a 4 MiB request on stream 3 cannot use them (no rule), but recycles the segment
+    let z = alloc(&mut e, &mut b, &o, 4 * MIB, 3);
+    assert_eq!(z.reuse, None);
+    assert_eq!(b.unmap_log, vec![(0, 4 * MIB)]);
+    assert_eq!(e.reserved(), 6 * MIB);
+    let _ = guard;
+}
