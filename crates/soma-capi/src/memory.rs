@@ -185,6 +185,9 @@ fn check_copy(
     if count == 0 {
         return Ok(None);
     }
+    if isize::try_from(count).is_err() {
+        return Err(AclErr::param(format!("count {count} exceeds the largest object size")));
+    }
     let (dloc, sloc) = {
         let mem = rt.mem.lock();
         (mem.device_of(dst as u64), mem.device_of(src as u64))

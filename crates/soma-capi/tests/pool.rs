@@ -528,3 +528,52 @@ fn concurrent_threads_share_one_pool() {
     assert_eq!(get(pool, USED), 0);
     ok(aclrtMemPoolDestroy(pool));
 }
+
+#[test]
+fn destroy_waits_for_pending_frees() {
+    setup();
+    extern "C" fn slow(_: *mut c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pool = pool(64 * MIB);
+    let s = stream();
+    let p = alloc(4 * MIB, pool, s);
+    // SAFETY: `slow` ignores its argument.
+    ok(unsafe { aclrtLaunchHostFunc(s, Some(slow), std::ptr::null_mut()) });
+    ok(aclrtMemsetAsync(p as *mut c_void, 4 * MIB, 9, 4 * MIB, s));
+    ok(free(p, s));
+    // The memset is still queued: the destroy must not unmap under it.
+    ok(aclrtMemPoolDestroy(pool));
+    ok(aclrtSynchronizeStream(s));
+    ok(aclrtDestroyStream(s));
+}
+
+#[test]
+fn destroy_racing_with_allocations_never_crashes() {
+    setup();
+    for _ in 0..20 {
+        let pool = pool(64 * MIB) as usize;
+        let worker = std::thread::spawn(move || {
+            let pool = pool as *mut c_void;
+            let s = stream();
+            loop {
+                match try_alloc(4096, pool, s) {
+                    Ok(p) => ok(free(p, s)),
+                    Err(e) => {
+                        assert_eq!(e, AclError::ERROR_RT_INVALID_HANDLE, "{}", msg());
+                        break;
+                    }
+                }
+            }
+            ok(aclrtSynchronizeStream(s));
+            ok(aclrtDestroyStream(s));
+        });
+        loop {
+            match aclrtMemPoolDestroy(pool as *mut c_void) {
+                AclError::SUCCESS => break,
+                e => assert_eq!(e, AclError::ERROR_INVALID_PARAM, "{}", msg()),
+            }
+        }
+        worker.join().unwrap();
+    }
+}
