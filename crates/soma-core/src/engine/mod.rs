@@ -84,10 +84,10 @@
 //! is left. Candidates are first the segments inside one free block of at least one granule
 //! (found through the free indices); when those do not cover the excess, an exhaustive scan
 //! also finds segments covered by several free blocks (such as blocks of different streams,
-//! which never merge). Memory freed on the requesting stream but not complete
-//! is *not* recycled: unmapping takes effect on the host immediately, not in stream order,
-//! so in-flight work could still touch it. Below the all-time high nothing is recycled:
-//! mapping then costs no peak memory, and recycling would only add driver calls.
+//! which never merge). Memory freed on the requesting stream but not complete is *not*
+//! recycled: unmapping takes effect on the host immediately, not in stream order, so
+//! in-flight work could still touch it. Below the all-time high nothing is recycled: mapping
+//! then costs no peak memory, and recycling would only add driver calls.
 //!
 //! # Failure atomicity
 //!
