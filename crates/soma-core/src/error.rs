@@ -38,6 +38,20 @@ pub enum Error {
 }
 
 /// The numbers behind an out-of-memory error, so that its message explains itself.
+///
+/// Its `Display` is a short report: the request, the pool's and the device's memory, the
+/// frees pending on other streams, the reuse policy, the cause and hints that match the
+/// configuration, e.g.:
+///
+/// ```text
+/// out of memory: cannot allocate 4.0 MiB (4.0 MiB rounded) on stream 1
+///   pool: used 4.0 MiB, reserved 8.0 MiB, max 8.0 MiB, free in pool 4.0 MiB, largest free block 2.0 MiB
+///   device: 63.9 GiB free of 64.0 GiB
+///   pending frees: 4.0 MiB on stream 2 (the pool waited for them and retried once)
+///   reuse policy: follow_event_dependencies off, opportunistic off, internal_dependencies off
+///   cause: 4.0 MiB is free in the pool but the largest free block is 2.0 MiB: the free memory is fragmented
+///   hint: 4.0 MiB is cached on stream 2 and not reusable on stream 1: enable follow_event_dependencies …
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutOfMemory {
     /// Bytes asked for.
@@ -54,8 +68,15 @@ pub struct OutOfMemory {
     pub max: u64,
     /// Largest free block in the pool (any stream).
     pub largest_free_block: u64,
-    /// Free bytes cached on other streams that this request could not use.
+    /// Free bytes cached on other streams that this request could not use when it first
+    /// failed: the sum of [`pending`](Self::pending).
     pub pending_bytes: u64,
+    /// Those bytes per stream, largest first. When not empty, the pool waited for those
+    /// streams and retried ([`retried`](Self::retried)); the memory is then reusable, but
+    /// was not enough.
+    pub pending: Vec<crate::observe::PendingFree>,
+    /// The pool's reuse policy when the allocation failed.
+    pub reuse: crate::ReusePolicy,
     /// Device memory free / total when the allocation failed.
     pub device_free: u64,
     /// Device total memory.
@@ -66,41 +87,139 @@ pub struct OutOfMemory {
     pub cause: Option<String>,
 }
 
+impl OutOfMemory {
+    /// Mapped bytes not in live allocations (`reserved - used`): cached or never used.
+    pub fn free_in_pool(&self) -> u64 {
+        self.reserved.saturating_sub(self.used)
+    }
+
+    /// Why the request failed, from the numbers (after the pool's retry), and what to do.
+    fn cause_and_hint(&self) -> (String, &'static str) {
+        let free = self.free_in_pool();
+        let left = self.max.saturating_sub(self.used);
+        if left < self.rounded {
+            (
+                format!(
+                    "live allocations hold {} of the pool's max_size {}; the {} left is less than the request",
+                    Bytes(self.used),
+                    Bytes(self.max),
+                    Bytes(left)
+                ),
+                "raise max_size or free allocations",
+            )
+        } else if self.reserved.saturating_add(self.rounded) <= self.max
+            && self.device_total > 0
+            && self.device_free < self.rounded
+        {
+            (
+                format!(
+                    "the pool may grow by {} more, but the device has only {} free: the rest is \
+                     held outside this pool",
+                    Bytes(self.max - self.reserved),
+                    Bytes(self.device_free)
+                ),
+                "trim other pools (trim_to) or free driver allocations",
+            )
+        } else if free >= self.rounded {
+            (
+                format!(
+                    "{} is free in the pool but the largest free block is {}: the free memory is fragmented",
+                    Bytes(free),
+                    Bytes(self.largest_free_block)
+                ),
+                "compact live allocations (MemPool::compact), or raise max_size so that the pool \
+                 can map a contiguous range instead",
+            )
+        } else {
+            (
+                format!(
+                    "{} is free in the pool and {} is not mapped, but no free or unmapped range of {} \
+                     is contiguous: the pool's address range is fragmented",
+                    Bytes(free),
+                    Bytes(self.max.saturating_sub(self.reserved)),
+                    Bytes(self.rounded)
+                ),
+                "compact live allocations (MemPool::compact), or raise max_size",
+            )
+        }
+    }
+}
+
 impl fmt::Display for OutOfMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        let on = |b: bool| if b { "on" } else { "off" };
+        writeln!(
             f,
-            "out of memory: requested {} ({} rounded) on stream {}; pool used {}, reserved {}, max {}, \
-             largest free block {}; {} cached on other streams not reusable here; device free {} of {}",
+            "out of memory: cannot allocate {} ({} rounded) on stream {}",
             Bytes(self.requested),
             Bytes(self.rounded),
-            self.stream,
+            self.stream
+        )?;
+        writeln!(
+            f,
+            "  pool: used {}, reserved {}, max {}, free in pool {}, largest free block {}",
             Bytes(self.used),
             Bytes(self.reserved),
             Bytes(self.max),
-            Bytes(self.largest_free_block),
-            Bytes(self.pending_bytes),
-            Bytes(self.device_free),
-            Bytes(self.device_total),
+            Bytes(self.free_in_pool()),
+            Bytes(self.largest_free_block)
         )?;
-        if self.retried {
-            write!(f, " (after waiting for pending frees and retrying)")?;
-        }
-        if let Some(cause) = &self.cause {
-            write!(f, "; cause: {cause}")?;
-        }
-        if self.pending_bytes >= self.rounded {
-            write!(
-                f,
-                "; hint: enough memory is cached on other streams: enable follow_event_dependencies \
-                 and make this stream wait on an event recorded after those frees, or enable \
-                 internal_dependencies"
-            )?;
-        } else if self.max.saturating_sub(self.used) >= self.rounded {
-            write!(f, "; hint: free space exists but is fragmented or held by the device: try trim_to or compact")?;
+        writeln!(f, "  device: {} free of {}", Bytes(self.device_free), Bytes(self.device_total))?;
+        if self.pending.is_empty() {
+            writeln!(f, "  pending frees: none on other streams")?;
         } else {
-            write!(f, "; hint: the pool's max_size is the limit: raise it or free allocations")?;
+            write!(f, "  pending frees: ")?;
+            for (i, p) in self.pending.iter().enumerate() {
+                let sep = if i > 0 { ", " } else { "" };
+                write!(f, "{sep}{} on stream {}", Bytes(p.bytes), p.stream)?;
+            }
+            if self.retried {
+                write!(f, " (the pool waited for them and retried once)")?;
+            }
+            writeln!(f)?;
         }
+        writeln!(
+            f,
+            "  reuse policy: follow_event_dependencies {}, opportunistic {}, internal_dependencies {}",
+            on(self.reuse.follow_event_dependencies),
+            on(self.reuse.opportunistic),
+            on(self.reuse.internal_dependencies)
+        )?;
+        let (cause, hint) = self.cause_and_hint();
+        write!(f, "  cause: {cause}")?;
+        if let Some(mapping) = &self.cause {
+            write!(f, " (mapping failed: {mapping})")?;
+        }
+        for p in &self.pending {
+            let what = format!(
+                "{} is cached on stream {} and not reusable on stream {}",
+                Bytes(p.bytes),
+                p.stream,
+                self.stream
+            );
+            let r = self.reuse;
+            let how = if !r.follow_event_dependencies && !r.internal_dependencies {
+                format!(
+                    "enable follow_event_dependencies or wait on an event: make stream {} wait on \
+                     an event recorded on stream {} after those frees (or enable \
+                     internal_dependencies)",
+                    self.stream, p.stream
+                )
+            } else if !r.internal_dependencies {
+                format!(
+                    "stream {} is not ordered after those frees: record an event on stream {}                      after them and make stream {} wait on it (Stream::wait_event), or enable \
+                     internal_dependencies",
+                    self.stream, p.stream, self.stream
+                )
+            } else {
+                "it is in blocks smaller than this request".to_string()
+            };
+            write!(f, "\n  hint: {what}: {how}")?;
+            if self.retried {
+                write!(f, "; this time the pool synchronized stream {} instead", p.stream)?;
+            }
+        }
+        write!(f, "\n  hint: {hint}")?;
         Ok(())
     }
 }
@@ -129,6 +248,62 @@ impl fmt::Display for Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn oom(reuse: crate::ReusePolicy) -> OutOfMemory {
+        const MIB: u64 = 1 << 20;
+        OutOfMemory {
+            requested: 3 * MIB + 100,
+            rounded: 3 * MIB + 512,
+            stream: 1,
+            used: 4 * MIB,
+            reserved: 8 * MIB,
+            max: 8 * MIB,
+            largest_free_block: 2 * MIB,
+            pending_bytes: 3 * MIB + 104_858,
+            pending: vec![crate::observe::PendingFree { stream: 2, bytes: 3 * MIB + 104_858 }],
+            reuse,
+            device_free: 60 << 30,
+            device_total: 64 << 30,
+            retried: true,
+            cause: None,
+        }
+    }
+
+    #[test]
+    fn oom_report_gives_numbers_and_hints_that_match_the_policy() {
+        let msg = oom(crate::ReusePolicy::NONE).to_string();
+        assert!(
+            msg.starts_with(
+                "out of memory: cannot allocate 3.0 MiB (3.0 MiB rounded) on stream 1\n"
+            ),
+            "{msg}"
+        );
+        for part in [
+            "used 4.0 MiB, reserved 8.0 MiB, max 8.0 MiB, free in pool 4.0 MiB, largest free block 2.0 MiB",
+            "device: 60.0 GiB free of 64.0 GiB",
+            "pending frees: 3.1 MiB on stream 2 (the pool waited for them and retried once)",
+            "follow_event_dependencies off, opportunistic off, internal_dependencies off",
+            "cause: 4.0 MiB is free in the pool but the largest free block is 2.0 MiB",
+            "hint: 3.1 MiB is cached on stream 2 and not reusable on stream 1: enable follow_event_dependencies or wait on an event",
+            "hint: compact live allocations",
+        ] {
+            assert!(msg.contains(part), "missing {part:?} in:\n{msg}");
+        }
+        let msg = oom(crate::ReusePolicy::default()).to_string();
+        assert!(
+            msg.contains("stream 1 is not ordered after those frees: record an event on stream 2"),
+            "{msg}"
+        );
+        let mut full = oom(crate::ReusePolicy::default());
+        full.used = 7 * MIB_;
+        full.pending.clear();
+        let msg = full.to_string();
+        assert!(msg.contains("pending frees: none on other streams"), "{msg}");
+        assert!(msg.contains("the 1.0 MiB left is less than the request"), "{msg}");
+        assert!(msg.contains("hint: raise max_size or free allocations"), "{msg}");
+    }
+
+    const MIB_: u64 = 1 << 20;
 
     #[test]
     fn bytes_display() {

@@ -1,10 +1,37 @@
 //! Observability: the pool's event history (an opt-in bounded ring buffer) and what is built
 //! from it.
+//!
+//! | what | from | how |
+//! |---|---|---|
+//! | [`History`] | [`MemPoolBuilder::history`](crate::MemPoolBuilder::history) | the **last** `capacity` [`Record`]s; older ones are dropped and counted ([`History::dropped`]) |
+//! | JSON lines | [`History::to_json_lines`], [`json_lines`] | one JSON object per record |
+//! | Chrome trace / Perfetto | [`History::to_chrome_trace`], [`chrome_trace`] | open in `ui.perfetto.dev` or `chrome://tracing` |
+//! | replay trace | [`History::to_trace_csv`], [`trace_csv`] | `op,id,bytes,stream`, the format of the allocation traces `soma-replay` reads |
+//! | memory timeline picture | [`History::to_svg`], [`timeline_svg`] | an SVG: used / reserved lines and stacked live allocations |
+//! | [`Snapshot`] | [`MemPool::snapshot`](crate::MemPool::snapshot) | segments and blocks now, with their state; [`Snapshot::to_json`] |
+//!
+//! Everything here is written by hand (no serialisation dependency); strings are escaped per
+//! RFC 8259 / XML, so the output parses with any JSON or XML reader.
+//!
+//! Because the ring keeps only the last records, an export may start in the middle of an
+//! allocation's life: a free whose allocation was dropped from the ring is treated as an
+//! allocation live since the first record held (Chrome trace, SVG) or skipped (replay CSV,
+//! which needs an allocation line first). Allocations still live at the last record end there.
 
 use std::collections::VecDeque;
 use std::panic::Location;
 
 use crate::engine::ReuseKind;
+
+mod export;
+mod json;
+mod lifetimes;
+mod snapshot;
+mod svg;
+
+pub use export::{chrome_trace, json_lines, trace_csv};
+pub use snapshot::{BlockStatus, Snapshot, SnapshotBlock, SnapshotSegment};
+pub use svg::{timeline_svg, SvgOptions};
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +50,44 @@ pub enum RecordKind {
     Oom,
     /// An allocation failed for another reason (bad size, driver error).
     AllocFailed,
+}
+
+impl RecordKind {
+    /// The kind's name in exports: `alloc`, `free`, `map`, `unmap`, `trim`, `oom`,
+    /// `alloc_failed`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RecordKind::Alloc => "alloc",
+            RecordKind::Free => "free",
+            RecordKind::Map => "map",
+            RecordKind::Unmap => "unmap",
+            RecordKind::Trim => "trim",
+            RecordKind::Oom => "oom",
+            RecordKind::AllocFailed => "alloc_failed",
+        }
+    }
+}
+
+/// The name of a reuse rule in exports: `same_stream`, `event_dependency`, `opportunistic`,
+/// `internal_dependency`, `host_synchronized`.
+pub const fn reuse_name(kind: ReuseKind) -> &'static str {
+    match kind {
+        ReuseKind::SameStream => "same_stream",
+        ReuseKind::EventDependency => "event_dependency",
+        ReuseKind::Opportunistic => "opportunistic",
+        ReuseKind::InternalDependency => "internal_dependency",
+        ReuseKind::HostSynchronized => "host_synchronized",
+    }
+}
+
+/// Free bytes cached on another stream that an allocation could not use (see
+/// [`OutOfMemory::pending`](crate::OutOfMemory::pending)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingFree {
+    /// Backend id of the stream they were freed on (0 when that stream no longer exists).
+    pub stream: u64,
+    /// How many bytes.
+    pub bytes: u64,
 }
 
 /// One entry of the history.
@@ -53,6 +118,22 @@ pub struct Record {
 
 /// A bounded ring buffer of [`Record`]s that keeps the **last** `capacity` records (older
 /// ones are dropped and counted). Pushing never allocates once the buffer is created.
+///
+/// A pool keeps one when built with [`MemPoolBuilder::history`](crate::MemPoolBuilder::history)
+/// ([`MemPool::history_log`](crate::MemPool::history_log) clones it); a program can also fill
+/// one itself with [`push`](Self::push), e.g. to draw the allocations of another allocator
+/// with [`to_svg`](Self::to_svg). The exports read the records held, oldest first; see the
+/// [module docs](self) for how a window that starts mid-life is handled.
+///
+/// ```
+/// use soma_core::observe::{History, Record, RecordKind};
+/// let mut h = History::new(2);
+/// for t in 0..3 {
+///     h.push(Record { t_ns: t, ..Record::new(RecordKind::Map) });
+/// }
+/// assert_eq!((h.len(), h.dropped()), (2, 1)); // the last 2 are kept
+/// assert!(h.to_chrome_trace().contains("\"traceEvents\""));
+/// ```
 #[derive(Clone, Debug)]
 pub struct History {
     records: VecDeque<Record>,
@@ -99,6 +180,66 @@ impl History {
     /// Records dropped because the buffer was full.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// The records held, oldest first, as a vector.
+    pub fn to_vec(&self) -> Vec<Record> {
+        self.records.iter().copied().collect()
+    }
+
+    /// The records as JSON lines ([`json_lines`]).
+    pub fn to_json_lines(&self) -> String {
+        json_lines(&self.records.make_contiguous_ref())
+    }
+
+    /// The records as a Chrome trace / Perfetto JSON document ([`chrome_trace`]); the number
+    /// of dropped records is in `otherData.dropped_records`.
+    pub fn to_chrome_trace(&self) -> String {
+        export::chrome_trace_with(&self.records.make_contiguous_ref(), self.dropped)
+    }
+
+    /// The allocations and frees as a replay trace ([`trace_csv`]).
+    pub fn to_trace_csv(&self) -> String {
+        trace_csv(&self.records.make_contiguous_ref())
+    }
+
+    /// A memory timeline picture ([`timeline_svg`]).
+    pub fn to_svg(&self, options: &SvgOptions) -> String {
+        timeline_svg(&self.records.make_contiguous_ref(), options)
+    }
+}
+
+/// `VecDeque::make_contiguous` needs `&mut`; the exports only read, so they take a copy when
+/// the ring has wrapped.
+trait ContiguousRef {
+    fn make_contiguous_ref(&self) -> std::borrow::Cow<'_, [Record]>;
+}
+
+impl ContiguousRef for VecDeque<Record> {
+    fn make_contiguous_ref(&self) -> std::borrow::Cow<'_, [Record]> {
+        match self.as_slices() {
+            (a, []) => std::borrow::Cow::Borrowed(a),
+            _ => std::borrow::Cow::Owned(self.iter().copied().collect()),
+        }
+    }
+}
+
+impl Record {
+    /// A record of `kind` at time 0 with every other field 0 / `None`; fill the rest with
+    /// struct update syntax (`Record { t_ns, size, ..Record::new(kind) }`).
+    pub const fn new(kind: RecordKind) -> Record {
+        Record {
+            t_ns: 0,
+            kind,
+            stream: 0,
+            offset: 0,
+            size: 0,
+            requested: 0,
+            used: 0,
+            reserved: 0,
+            reuse: None,
+            location: None,
+        }
     }
 }
 

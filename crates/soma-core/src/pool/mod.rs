@@ -472,7 +472,7 @@ impl Backing for HalBacking<'_> {
     fn unmap(
         &mut self,
         offset: u64,
-        _size: u64,
+        size: u64,
         token: u64,
     ) -> std::result::Result<(), BackingError> {
         let va = self
@@ -481,7 +481,10 @@ impl Backing for HalBacking<'_> {
             .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
         let handle = self.hal.unmap(va).map_err(map_backing_error)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
-        self.hal.free_physical(handle).map_err(map_backing_error)
+        self.hal.free_physical(handle).map_err(map_backing_error)?;
+        self.reserved = self.reserved.saturating_sub(size);
+        self.record(RecordKind::Unmap, offset, size);
+        Ok(())
     }
 }
 
