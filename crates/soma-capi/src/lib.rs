@@ -19,7 +19,34 @@
 //! | threads | every function may be called from any thread; the current device is per thread (`aclrtSetDevice`, `aclrtCreateContext`, `aclrtSetCurrentContext`); without one, device 0 is implied |
 //! | errors | every exported body runs in `catch_unwind`; an error sets the thread's `aclGetRecentErrMsg` text, prefixed with the function's name |
 //!
-//! The functions are also callable from Rust through the rlib (the crate's tests do that).
+//! The functions are also callable from Rust through the rlib (the crate's tests do that):
+//!
+//! ```
+//! use ascend_sys::{aclrtMemPoolAttr, aclrtMemPoolProps, AclError};
+//! use ascendcl::*;
+//!
+//! let mut props = aclrtMemPoolProps::default(); // PINNED, HOST location: fix the location
+//! props.location.type_ = ascend_sys::aclrtMemLocationType::ACL_MEM_LOCATION_TYPE_DEVICE;
+//! props.maxSize = 64 << 20;
+//! let (mut pool, mut stream, mut ptr) =
+//!     (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+//! // SAFETY: every pointer argument is valid.
+//! unsafe {
+//!     assert_eq!(aclrtSetDevice(0), AclError::SUCCESS);
+//!     assert_eq!(aclrtCreateStream(&mut stream), AclError::SUCCESS);
+//!     assert_eq!(aclrtMemPoolCreate(&mut pool, &props), AclError::SUCCESS);
+//!     assert_eq!(aclrtMemPoolMallocAsync(&mut ptr, 1000, pool, stream), AclError::SUCCESS);
+//!     let mut used = 0u64;
+//!     let attr = aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_USED_MEM_CURRENT;
+//!     assert_eq!(aclrtMemPoolGetAttr(pool, attr, (&mut used as *mut u64).cast()), AclError::SUCCESS);
+//!     assert_eq!(used, 1024); // rounded to the pool's 512-byte alignment
+//! }
+//! assert_eq!(aclrtMemPoolFreeAsync(ptr, stream), AclError::SUCCESS);
+//! assert_eq!(aclrtMemPoolFreeAsync(ptr, stream), AclError::ERROR_INVALID_PARAM); // double free
+//! assert_eq!(aclrtSynchronizeStream(stream), AclError::SUCCESS);
+//! assert_eq!(aclrtMemPoolDestroy(pool), AclError::SUCCESS);
+//! assert_eq!(aclrtDestroyStream(stream), AclError::SUCCESS);
+//! ```
 
 // The exported functions carry CANN's names and parameter names.
 #![allow(non_snake_case)]

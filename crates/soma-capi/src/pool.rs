@@ -378,22 +378,20 @@ pub extern "C" fn aclrtMemPoolFreeAsync(ptr: *mut c_void, stream: aclrtStream) -
         let rt = rt()?;
         let s = rt.stream(stream)?;
         rt.dev(s.dev).require_pool_support()?;
-        for p in rt.pools.all() {
-            let size = {
-                let mut st = p.state.lock();
-                match st.live.get(&addr.addr()).copied() {
-                    None => continue,
-                    Some(size) => {
-                        if s.dev != p.dev {
-                            drop(st);
-                            return same_device(&s, &p);
-                        }
-                        st.live.remove(&addr.addr());
-                        st.in_progress += 1;
-                        size
-                    }
-                }
-            };
+        // Take the block out of its pool's live set (atomically: a concurrent double free
+        // finds nothing), then free it in the engine; put it back if that fails.
+        let found = rt.pools.find_map(|p| {
+            let mut st = p.state.lock();
+            let size = st.live.get(&addr.addr()).copied()?;
+            if let Err(e) = same_device(&s, p) {
+                return Some(Err(e));
+            }
+            st.live.remove(&addr.addr());
+            st.in_progress += 1;
+            Some(Ok(size))
+        });
+        if let Some((p, taken)) = found {
+            let size = taken?;
             let result = p.pool.free_raw(addr, &s.stream);
             let mut st = p.state.lock();
             st.in_progress -= 1;

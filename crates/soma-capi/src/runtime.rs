@@ -205,9 +205,13 @@ impl<T> Registry<T> {
         self.map.lock().remove(&(h as usize)).ok_or_else(|| self.unknown(h))
     }
 
-    /// Every live object (a snapshot).
-    pub(crate) fn all(&self) -> Vec<Arc<T>> {
-        self.map.lock().values().cloned().collect()
+    /// The first live object for which `f` gives `Some`, with that value; `f` runs under
+    /// the table's lock (it may take the object's own locks, never the table's).
+    pub(crate) fn find_map<R>(
+        &self,
+        mut f: impl FnMut(&Arc<T>) -> Option<R>,
+    ) -> Option<(Arc<T>, R)> {
+        self.map.lock().values().find_map(|obj| f(obj).map(|r| (Arc::clone(obj), r)))
     }
 
     fn unknown(&self, h: *mut c_void) -> AclErr {
