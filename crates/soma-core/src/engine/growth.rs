@@ -59,7 +59,7 @@ impl Engine {
         // Recycle only what would raise reserved memory above its all-time high: below it,
         // mapping costs no peak memory and recycling would only add driver calls.
         let over = (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark);
-        self.recycle(over, plan.protect, order, backing);
+        self.recycle(over, plan.protect, stream, order, backing);
         if plan.base.is_none() {
             // Recycling may have opened a lower hole.
             plan = self.plan_new_run(size).expect("recycling only enlarges holes");
@@ -264,8 +264,9 @@ impl Engine {
         mid
     }
 
-    /// Before mapping `need` bytes: unmaps fully free recyclable segments (untagged or
-    /// complete) outside `protect` — the smallest that covers what remains, else the largest
+    /// Before mapping `need` bytes for `stream`: unmaps fully free recyclable segments
+    /// (untagged, or complete *and* reusable by `stream` under the reuse rules — recycling
+    /// hands the same addresses out again, so it must obey the same rules) outside `protect` — the smallest that covers what remains, else the largest
     /// — until `need` bytes are recycled. Only segments that lie inside one free block are
     /// candidates (found through the free indices' classes of at least one granule).
     /// Unmap errors end recycling silently (nothing was changed by the failed call).
@@ -273,6 +274,7 @@ impl Engine {
         &mut self,
         need: u64,
         protect: (u64, u64),
+        stream: StreamSlot,
         order: &dyn StreamOrder,
         backing: &mut dyn Backing,
     ) {
@@ -288,7 +290,7 @@ impl Engine {
                 let mut cur = ix.head(f, s);
                 while cur != NIL {
                     let b = &self.slab.blocks[cur as usize];
-                    if recyclable(b, order) {
+                    if recyclable_for(b, stream, order) {
                         for (&off, seg) in self.segments.range(b.offset..b.end()) {
                             let end = off + seg.size;
                             if end <= b.end() && (end <= protect.0 || off >= protect.1) {
@@ -306,7 +308,7 @@ impl Engine {
             // Segments covered by several free blocks (e.g. of different streams, which never
             // merge) are only found by the exhaustive scan: O(blocks + segments), next to the
             // driver call this growth makes anyway.
-            self.collect_free_segments(&|b| recyclable(b, order), protect, &mut cands);
+            self.collect_free_segments(&|b| recyclable_for(b, stream, order), protect, &mut cands);
         }
         cands.sort_unstable_by_key(|c| c.1);
         let mut chosen: smallvec::SmallVec<[(u64, u64, u32); 8]> = smallvec::SmallVec::new();
@@ -463,7 +465,14 @@ impl Engine {
     }
 }
 
-/// Whether no in-flight work can touch free block `b`: untagged, or its free completed.
-fn recyclable(b: &Block, order: &dyn StreamOrder) -> bool {
-    !b.tagged || order.is_complete(FreeTag { stream: b.stream, pos: b.pos })
+/// Whether free block `b` may be unmapped and its addresses handed to `stream` again: no
+/// in-flight work can touch it (untagged, or its free completed) and `stream` may reuse it
+/// (same stream, or eligible under an enabled rule or a host observation).
+fn recyclable_for(b: &Block, stream: StreamSlot, order: &dyn StreamOrder) -> bool {
+    if !b.tagged {
+        return true;
+    }
+    let eligible =
+        b.stream == stream || super::ops::kind_for(b.pos, &order.eligibility(b.stream)).is_some();
+    eligible && order.is_complete(FreeTag { stream: b.stream, pos: b.pos })
 }

@@ -2,6 +2,7 @@
 
 mod alloc;
 pub mod attr;
+mod passthrough;
 mod observe_api;
 mod stats;
 
@@ -133,6 +134,7 @@ pub struct MemPoolBuilder {
     history: usize,
     on_oom: Option<OomHook>,
     native: bool,
+    passthrough: bool,
 }
 
 impl std::fmt::Debug for MemPoolBuilder {
@@ -146,6 +148,7 @@ impl std::fmt::Debug for MemPoolBuilder {
             .field("history", &self.history)
             .field("on_oom", &self.on_oom.is_some())
             .field("native", &self.native)
+            .field("passthrough", &self.passthrough)
             .finish()
     }
 }
@@ -161,6 +164,7 @@ impl Default for MemPoolBuilder {
             history: 0,
             on_oom: None,
             native: false,
+            passthrough: false,
         }
     }
 }
@@ -231,6 +235,12 @@ impl MemPoolBuilder {
     /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
     /// [`Error::Driver`] `Unsupported` error that says so. Not available: `compact`, history,
     /// `raw_pointers` lookups of foreign pointers (CANN validates them), most of `stats()`.
+    pub fn passthrough(mut self, on: bool) -> Self {
+        self.passthrough = on;
+        self
+    }
+
+    PLACEHOLDER_NATIVE_DOC
     pub fn native(mut self) -> Self {
         self.native = true;
         self
@@ -241,7 +251,11 @@ impl MemPoolBuilder {
     /// # Errors
     /// [`Error::InvalidConfig`] for a bad alignment, a max size above device memory or a
     /// threshold above the max size; backend failures.
-    pub fn build(self, device: &Device) -> Result<MemPool<'_>> {
+    pub fn build(mut self, device: &Device) -> Result<MemPool<'_>> {
+        if self.passthrough {
+            self.reuse = ReusePolicy::NONE;
+            self.release_threshold = Some(0);
+        }
         let info = device.info();
         let granularity = info.granularity;
         let total = info.total_memory / granularity * granularity;
@@ -275,13 +289,16 @@ impl MemPoolBuilder {
                 "release threshold {threshold} exceeds max_size {max_size}"
             )));
         }
-        let engine = Engine::new(EngineConfig {
+        let mut engine = Engine::new(EngineConfig {
             range_size: max_size,
             granularity,
             alignment: self.alignment,
             index_by_offset: self.index_by_offset,
         })
         .map_err(Error::InvalidConfig)?;
+        // DESIGN.md §4: every enabled rule, internal dependencies included, is tried before
+        // fresh memory is mapped.
+        engine.set_dependency_before_growth(true);
         let hal = Arc::clone(device.hal());
         let native = if self.native {
             let native = hal.create_native_pool(max_size)?;
@@ -326,6 +343,7 @@ impl MemPoolBuilder {
             on_oom: self.on_oom,
             annotate: device.hal().wants_annotations(),
             native,
+            passthrough: self.passthrough.then(passthrough::Passthrough::default),
             history_on: self.history > 0,
         });
         device.shared.register_pool(&core);
@@ -417,6 +435,8 @@ pub(crate) struct PoolCore {
     annotate: bool,
     /// The device's own pool, for `MemPoolBuilder::native()`; the engine is then unused.
     pub(crate) native: Option<Box<dyn crate::hal::NativePoolHal>>,
+    /// Deferred frees of a pass-through pool.
+    passthrough: Option<passthrough::Passthrough>,
     /// Whether the pool keeps a history (fixed at creation: the hot path checks this flag,
     /// not the locked state).
     history_on: bool,
@@ -576,6 +596,27 @@ impl PoolCore {
         self.base.checked_add(offset).unwrap_or(self.base)
     }
 
+    /// Pass-through mode: hands the frees that completed to the engine and releases every
+    /// fully free granule.
+    fn drain_passthrough(&self, device: &DeviceShared, inner: &mut PoolInner) {
+        let Some(p) = &self.passthrough else { return };
+        let done = p.take_done();
+        if done.is_empty() {
+            return;
+        }
+        for (block, tag) in done {
+            let _ = inner.engine.free(block, tag);
+        }
+        let order = Order { device, requester: None, reuse: 0 };
+        let (engine, mut backing) = inner.parts(self);
+        if let Err(e) = engine.release(0, &order, &mut backing) {
+            inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
+                code: -1,
+                message: format!("pass-through release failed: {e:?}"),
+            }));
+        }
+    }
+
     /// Releases free memory down to the threshold (called after host synchronisations).
     pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
         // A native pool applies its own threshold.
@@ -584,6 +625,7 @@ impl PoolCore {
         }
         let threshold = self.release_threshold();
         let mut inner = self.inner.lock();
+        self.drain_passthrough(device, &mut inner);
         if inner.engine.reserved() <= threshold {
             return;
         }
@@ -660,6 +702,7 @@ impl PoolCore {
         let order = Order { device, requester: Some(stream), reuse };
         let first = {
             let mut inner = self.inner.lock();
+            self.drain_passthrough(device, &mut inner);
             if let Some(e) = inner.sticky.take() {
                 return Err(e);
             }
@@ -848,9 +891,18 @@ impl PoolCore {
                 });
             }
         }
-        inner.engine.free(block, tag).map_err(|e| {
-            Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
-        })?;
+        match &self.passthrough {
+            Some(p) if info.is_none_or(|i| i.state == crate::engine::BlockState::Live) => {
+                p.defer(block, tag, &**stream.hal()).map_err(|()| {
+                    Error::InvalidArgument(format!("free of block {block:?}: double free"))
+                })?;
+            }
+            _ => inner.engine.free(block, tag).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "free of block {block:?} failed: {e:?} (double free?)"
+                ))
+            })?,
+        }
         if let Some(info) = info.filter(|_| inner.history.is_some()) {
             let (offset, size) = (info.offset, info.size);
             inner.record_full(self, RecordKind::Free, stream.id(), offset, size, 0, None, location);
@@ -1077,6 +1129,7 @@ impl<'d> MemPool<'d> {
         }
         let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
         let mut inner = self.core.inner.lock();
+        self.core.drain_passthrough(&self.device.shared, &mut inner);
         let (engine, mut backing) = inner.parts(&self.core);
         let released = engine.release(bytes, &order, &mut backing).map_err(|e| {
             Error::Driver(crate::hal::DriverError::Native {
@@ -1159,7 +1212,25 @@ impl<'d> MemPool<'d> {
                 }
             }
             let new_ptr = self.core.ptr_at(target.offset);
+            if self.core.annotate {
+                // The moved allocation is a new allocation of the block for the sanitizer.
+                self.core.hal.annotate(crate::hal::PoolAnnotation::Alloc {
+                    pool: self.core.id,
+                    ptr: new_ptr,
+                    size: a.byte_len_internal(),
+                    stream: stream.id(),
+                    position: stream.hal().enqueued(),
+                });
+            }
             if let Err(e) = stream.hal().copy_d2d(new_ptr, a.device_ptr(), a.byte_len_internal()) {
+                if self.core.annotate {
+                    self.core.hal.annotate(crate::hal::PoolAnnotation::Free {
+                        pool: self.core.id,
+                        ptr: new_ptr,
+                        stream: stream.id(),
+                        position: stream.hal().enqueued(),
+                    });
+                }
                 let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
                 let _ = self.core.inner.lock().engine.free(target.block, tag);
                 return Err(e.into());
@@ -1191,6 +1262,13 @@ impl Drop for MemPool<'_> {
         // No allocation is alive (they borrow the pool), but frees may still be in flight on
         // their streams: wait for those before unmapping.
         let device = &self.device.shared;
+        if let Some(p) = &self.core.passthrough {
+            // Deferred frees: let their host functions run, then hand them to the engine.
+            if p.outstanding() {
+                let _ = self.core.hal.synchronize();
+            }
+            self.core.drain_passthrough(device, &mut self.core.inner.lock());
+        }
         let pending: Vec<(StreamSlot, u64)> = {
             let inner = self.core.inner.lock();
             let mut v: Vec<(StreamSlot, u64)> = Vec::new();
