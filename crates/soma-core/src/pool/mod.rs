@@ -230,17 +230,23 @@ impl MemPoolBuilder {
         self
     }
 
-    /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
-    /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
-    /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
-    /// [`Error::Driver`] `Unsupported` error that says so. Not available: `compact`, history,
-    /// `raw_pointers` lookups of foreign pointers (CANN validates them), most of `stats()`.
+    /// Pass-through mode, for debugging (default off): no caching. Every allocation maps
+    /// fresh memory and every free gives its memory back to the device once the free has
+    /// completed in stream order (granules shared with live blocks stay mapped). Implies
+    /// [`ReusePolicy::NONE`] and a release threshold of 0. A free is handed to the pool when
+    /// a host function enqueued on its stream after it runs, and the memory is released at
+    /// the pool's next `alloc_async`, `trim_to` or synchronisation; until then it counts as
+    /// used. Slow: meant for use with the software NPU's stream-order sanitizer.
     pub fn passthrough(mut self, on: bool) -> Self {
         self.passthrough = on;
         self
     }
 
-    PLACEHOLDER_NATIVE_DOC
+    /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
+    /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
+    /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
+    /// [`Error::Driver`] `Unsupported` error that says so. Not available: `compact`, history,
+    /// `raw_pointers` lookups of foreign pointers (CANN validates them), most of `stats()`.
     pub fn native(mut self) -> Self {
         self.native = true;
         self
