@@ -10,12 +10,13 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use soma_core::hal::{
     AccessMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
-    MemRef, PhysicalHandle, StreamHal,
+    MemRef, PhysicalHandle, PoolAnnotation, StreamHal,
 };
 
 use crate::event::SimEvent;
 use crate::faults::{FaultKind, Faults};
 use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
+use crate::sanitizer::{Sanitizer, SanitizerMode, SanitizerReport};
 use crate::stream::{SimStream, StreamShared};
 use crate::LatencyModel;
 
@@ -152,6 +153,9 @@ pub(crate) struct DeviceCore {
     calls: Calls,
     streams: Mutex<Vec<Weak<StreamShared>>>,
     pub(crate) live_streams: AtomicUsize,
+    /// The stream-order sanitizer, when on.
+    pub(crate) sanitizer: Option<Arc<Sanitizer>>,
+    sanitizer_mode: SanitizerMode,
 }
 
 impl DeviceCore {
@@ -203,6 +207,7 @@ impl SimDevice {
         info: DeviceInfo,
         address_space: u64,
         latency: LatencyModel,
+        sanitizer: crate::SanitizerConfig,
     ) -> DriverResult<Self> {
         let memory = DeviceMemory::new(address_space, info.granularity)?;
         let mut state = State { next_handle: 1, ..State::default() };
@@ -217,8 +222,27 @@ impl SimDevice {
                 calls: Calls::default(),
                 streams: Mutex::new(Vec::new()),
                 live_streams: AtomicUsize::new(0),
+                sanitizer: sanitizer.mode.is_on().then(|| {
+                    Arc::new(Sanitizer::new(sanitizer.mode, sanitizer.strict, sanitizer.poison))
+                }),
+                sanitizer_mode: sanitizer.mode,
             }),
         })
+    }
+
+    /// The stream-order sanitizer's mode on this device.
+    pub fn sanitizer_mode(&self) -> SanitizerMode {
+        self.core.sanitizer_mode
+    }
+
+    /// Every report of the stream-order sanitizer so far (empty when it is off).
+    pub fn sanitizer_reports(&self) -> Vec<SanitizerReport> {
+        self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.reports())
+    }
+
+    /// Returns the sanitizer's reports so far and forgets them.
+    pub fn take_sanitizer_reports(&self) -> Vec<SanitizerReport> {
+        self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.take_reports())
     }
 
     /// The fault injection controls of this device.
@@ -323,6 +347,11 @@ impl DeviceHal for SimDevice {
             DriverError::InvalidValue(format!("no {size} bytes of device address space left"))
         })?;
         st.reservations.insert(start, (size, ResKind::User));
+        drop(st);
+        if let Some(san) = &self.core.sanitizer {
+            // Address space reused: what the sanitizer knew about it is stale.
+            san.on_release(start, start + size);
+        }
         DevicePtr::new(start).ok_or_else(|| DriverError::InvalidValue("null address".into()))
     }
 
@@ -343,6 +372,10 @@ impl DeviceHal for SimDevice {
         }
         st.reservations.remove(&a);
         st.give_va(a, len);
+        drop(st);
+        if let Some(san) = &self.core.sanitizer {
+            san.on_release(a, a + len);
+        }
         Ok(())
     }
 
@@ -461,6 +494,10 @@ impl DeviceHal for SimDevice {
                 st.reservations.insert(start, (len, ResKind::Malloc));
                 st.mallocs.insert(start, len);
                 st.malloc_bytes += len;
+                drop(st);
+                if let Some(san) = &self.core.sanitizer {
+                    san.on_malloc(start, size, len);
+                }
                 Ok(p)
             }
             Err(e) => {
@@ -482,6 +519,10 @@ impl DeviceHal for SimDevice {
         st.reservations.remove(&a);
         st.give_va(a, len);
         st.malloc_bytes -= len;
+        drop(st);
+        if let Some(san) = &self.core.sanitizer {
+            san.on_driver_free(a);
+        }
         Ok(())
     }
 
@@ -521,6 +562,9 @@ impl DeviceHal for SimDevice {
         let (d, dr) = end(dst, AccessMode::Write);
         let (s, sr) = end(src, AccessMode::Read);
         let ranges: Vec<Range> = dr.into_iter().chain(sr).collect();
+        if let Some(san) = &self.core.sanitizer {
+            san.check_host("copy_sync", &ranges).map_err(DriverError::InvalidValue)?;
+        }
         self.core.memory.check_mapped(&ranges)?;
         sleep(self.core.latency().copy_time(len));
         let mut acc =
@@ -531,9 +575,34 @@ impl DeviceHal for SimDevice {
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         bump(&self.core.calls.sync_copy);
         let r = Range { addr: dst.addr(), len, mode: AccessMode::Write };
+        if let Some(san) = &self.core.sanitizer {
+            san.check_host("memset_sync", &[r]).map_err(DriverError::InvalidValue)?;
+        }
         let mut acc =
             self.core.memory.acquire(Owner::Host("memset_sync"), &[r], false).map_err(host_err)?;
         acc.fill(dst.addr(), value, len)
+    }
+
+    fn wants_annotations(&self) -> bool {
+        self.core.sanitizer.is_some()
+    }
+
+    fn annotate(&self, annotation: PoolAnnotation) {
+        let Some(san) = &self.core.sanitizer else { return };
+        let ptr = match annotation {
+            PoolAnnotation::Alloc { ptr, .. } | PoolAnnotation::Free { ptr, .. } => ptr.addr(),
+        };
+        let range = {
+            let st = self.core.state.lock();
+            st.reservations
+                .range(..=ptr)
+                .next_back()
+                .filter(|(&start, &(len, kind))| kind == ResKind::User && ptr - start < len)
+                .map(|(&start, &(len, _))| (start, start + len))
+        };
+        if let Some(action) = san.on_annotation(annotation, range, &self.core.memory) {
+            action.apply();
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

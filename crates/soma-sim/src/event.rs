@@ -7,19 +7,29 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use soma_core::hal::{DriverError, DriverResult, EventHal};
 
+use crate::sanitizer::Clock;
 use crate::stream::StreamShared;
 
 /// One record of an event: a position on a stream, stamped when it completes.
 pub(crate) struct RecordState {
     pub(crate) stream: Arc<StreamShared>,
     pub(crate) position: u64,
+    /// The sanitizer's clock of the record (its stream's clock plus its position), when on.
+    pub(crate) clock: Option<Arc<Clock>>,
     /// Completion time, and the stream error if the record task was skipped.
     stamp: Mutex<Option<(Instant, Option<DriverError>)>>,
 }
 
 impl RecordState {
-    pub(crate) fn new(stream: Arc<StreamShared>, position: u64) -> Self {
-        Self { stream, position, stamp: Mutex::new(None) }
+    pub(crate) fn new(stream: Arc<StreamShared>, position: u64, clock: Option<Arc<Clock>>) -> Self {
+        Self { stream, position, clock, stamp: Mutex::new(None) }
+    }
+
+    /// Tells the sanitizer that the host observed this record's completion.
+    fn observed(&self) {
+        if let (Some(san), Some(clock)) = (&self.stream.san, &self.clock) {
+            san.observe_clock(clock);
+        }
     }
 
     /// Called by the worker just before the record task counts as completed.
@@ -90,12 +100,20 @@ fn not_recorded(which: &str) -> DriverError {
 
 impl EventHal for SimEvent {
     fn query(&self) -> DriverResult<bool> {
-        Ok(self.latest().is_none_or(|r| r.is_complete()))
+        match self.latest() {
+            None => Ok(true),
+            Some(r) if r.is_complete() => {
+                r.observed();
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+        }
     }
 
     fn synchronize(&self) -> DriverResult<()> {
         let Some(r) = self.latest() else { return Ok(()) };
         r.stream.wait_for(r.position);
+        r.observed();
         match r.stamp() {
             Some((_, Some(e))) => Err(e),
             _ => Ok(()),

@@ -74,6 +74,7 @@ mod device;
 mod event;
 mod faults;
 mod memory;
+pub mod sanitizer;
 mod stream;
 
 use std::sync::Arc;
@@ -82,6 +83,7 @@ use std::time::Duration;
 pub use device::{CallCounts, SimDevice, SimStats};
 pub use event::SimEvent;
 pub use faults::{FaultKind, Faults};
+pub use sanitizer::{ReportKind, SanitizerMode, SanitizerReport};
 /// The driver HAL this crate implements (re-exported from `soma-core`).
 pub use soma_core::hal;
 pub use stream::SimStream;
@@ -196,9 +198,20 @@ pub struct NpuBuilder {
     product: Product,
     latency: LatencyModel,
     address_space: Option<u64>,
+    sanitizer: SanitizerConfig,
+}
+
+/// The sanitizer options of a device.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SanitizerConfig {
+    pub(crate) mode: SanitizerMode,
+    pub(crate) strict: bool,
+    pub(crate) poison: Option<u8>,
 }
 
 impl Default for NpuBuilder {
+    /// The defaults; the sanitizer mode comes from the `SOMA_SANITIZER` environment variable
+    /// (`report` or `fail`; off when unset), see [`SanitizerMode::from_env`].
     fn default() -> Self {
         Self {
             devices: 1,
@@ -207,6 +220,10 @@ impl Default for NpuBuilder {
             product: Product::AtlasA2,
             latency: LatencyModel::none(),
             address_space: None,
+            sanitizer: SanitizerConfig {
+                mode: SanitizerMode::from_env().unwrap_or_default(),
+                ..SanitizerConfig::default()
+            },
         }
     }
 }
@@ -248,6 +265,44 @@ impl NpuBuilder {
     /// as the device plus `malloc`). Only address space: no memory is committed.
     pub fn address_space(mut self, bytes: u64) -> Self {
         self.address_space = Some(bytes);
+        self
+    }
+
+    /// Turns the stream-order sanitizer on ([`SanitizerMode::Report`] or
+    /// [`SanitizerMode::FailStream`]) or off. Default: off, unless the `SOMA_SANITIZER`
+    /// environment variable says `report` or `fail`. See the [`sanitizer`] module.
+    ///
+    /// ```
+    /// use soma_sim::{Npu, SanitizerMode};
+    /// use soma_sim::hal::{DeviceHal, StreamHal};
+    /// let npu = Npu::builder().sanitizer(SanitizerMode::Report).build()?;
+    /// let dev = npu.device(0)?;
+    /// let s = dev.create_stream()?;
+    /// let p = dev.malloc(4096)?;
+    /// s.memset(p, 0, 4097)?; // one byte past the allocation
+    /// s.synchronize()?;
+    /// let reports = dev.take_sanitizer_reports();
+    /// assert_eq!(reports[0].kind, soma_sim::ReportKind::OutOfBounds);
+    /// # drop(s); dev.free(p)?;
+    /// # Ok::<(), soma_sim::hal::DriverError>(())
+    /// ```
+    pub fn sanitizer(mut self, mode: SanitizerMode) -> Self {
+        self.sanitizer.mode = mode;
+        self
+    }
+
+    /// Strict sanitizer: also report every use by a stream that is not ordered after the
+    /// allocation, even when the block has no earlier free it could race with (a fresh
+    /// block). Default: off (such uses are reported only when they can race).
+    pub fn sanitizer_strict(mut self, strict: bool) -> Self {
+        self.sanitizer.strict = strict;
+        self
+    }
+
+    /// With the sanitizer on, fill freed pool memory with `byte` once the free completes in
+    /// stream order (no task is added: stream positions do not change). Default: none.
+    pub fn sanitizer_poison(mut self, byte: Option<u8>) -> Self {
+        self.sanitizer.poison = byte;
         self
     }
 
@@ -296,7 +351,7 @@ impl NpuBuilder {
                     supports_native_pool: self.product.supports_native_pool(),
                     supports_vmm: true,
                 };
-                SimDevice::new(info, space, self.latency).map(Arc::new)
+                SimDevice::new(info, space, self.latency, self.sanitizer).map(Arc::new)
             })
             .collect::<DriverResult<Vec<_>>>()?;
         Ok(Npu { devices })

@@ -17,6 +17,7 @@ use soma_core::hal::{
 use crate::device::DeviceCore;
 use crate::event::{downcast_event, RecordState};
 use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range};
+use crate::sanitizer::{Sanitizer, Stamp};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -30,6 +31,8 @@ pub(crate) struct StreamShared {
     done_lock: Mutex<()>,
     done_cv: Condvar,
     waiters: AtomicUsize,
+    /// The device's stream-order sanitizer, if on.
+    pub(crate) san: Option<Arc<Sanitizer>>,
 }
 
 impl StreamShared {
@@ -71,7 +74,7 @@ impl StreamShared {
         self.error.lock().clone()
     }
 
-    fn fail(&self, e: DriverError) {
+    pub(crate) fn fail(&self, e: DriverError) {
         let mut g = self.error.lock();
         if g.is_none() {
             *g = Some(e);
@@ -82,6 +85,11 @@ impl StreamShared {
     pub(crate) fn synchronize(&self) -> DriverResult<()> {
         let target = self.enqueued.load(Ordering::SeqCst);
         self.wait_for(target);
+        if let Some(san) = &self.san {
+            // Everything enqueued before the call has run (or was skipped): the host has
+            // observed it, so every task enqueued from now on is ordered after it.
+            san.observe(self.id, target + 1);
+        }
         self.sticky().map_or(Ok(()), Err)
     }
 }
@@ -111,6 +119,22 @@ impl TaskKind {
 struct Task {
     pos: u64,
     kind: TaskKind,
+    /// Sanitizer stamp (host order and stream clock at the enqueue), when it is on.
+    stamp: Option<Stamp>,
+}
+
+impl TaskKind {
+    /// Whether the task accesses device memory (what the sanitizer checks).
+    fn accesses_device(&self) -> bool {
+        match self {
+            TaskKind::Kernel(k) => k.buffers.iter().any(|b| b.len > 0),
+            TaskKind::Copy { dst, src, .. } => {
+                matches!(dst, End::Device(_)) || matches!(src, End::Device(_))
+            }
+            TaskKind::Memset { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// A stream of the software NPU. Implements [`StreamHal`].
@@ -169,6 +193,7 @@ fn device_range(p: DevicePtr, len: u64, mode: AccessMode) -> DriverResult<Range>
 impl SimStream {
     pub(crate) fn new(core: Arc<DeviceCore>) -> DriverResult<Self> {
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let san = core.sanitizer.clone();
         let shared = Arc::new(StreamShared {
             id,
             enqueued: AtomicU64::new(0),
@@ -178,7 +203,11 @@ impl SimStream {
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            san,
         });
+        if let Some(san) = &shared.san {
+            san.register_stream(id, Arc::downgrade(&shared));
+        }
         let (tx, rx) = crossbeam_channel::unbounded();
         let (c, s) = (Arc::clone(&core), Arc::clone(&shared));
         let worker = std::thread::Builder::new()
@@ -212,12 +241,31 @@ impl SimStream {
     /// Enqueues the task `make(position)`; the position assignment and the channel send are
     /// atomic together, so positions follow channel order.
     fn enqueue(&self, make: impl FnOnce(u64) -> TaskKind) -> DriverResult<u64> {
+        self.enqueue_stamped(|pos, _| make(pos))
+    }
+
+    /// As [`enqueue`](Self::enqueue); `make` also gets the sanitizer's clock of the stream
+    /// at the enqueue (records capture it).
+    fn enqueue_stamped(
+        &self,
+        make: impl FnOnce(u64, Option<&Stamp>) -> TaskKind,
+    ) -> DriverResult<u64> {
         let guard = self.tx.lock();
         let Some(tx) = guard.as_ref() else {
             return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
         };
         let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
-        let task = Task { pos, kind: make(pos) };
+        let task = match &self.shared.san {
+            None => Task { pos, kind: make(pos, None), stamp: None },
+            Some(san) => {
+                let mut stamp = san.on_enqueue(self.shared.id, false);
+                let kind = make(pos, Some(&stamp));
+                if kind.accesses_device() {
+                    stamp = san.on_enqueue_tracked(self.shared.id, stamp);
+                }
+                Task { pos, kind, stamp: Some(stamp) }
+            }
+        };
         // Publish the position before the send so that `completed <= enqueued` always holds.
         self.shared.enqueued.store(pos, Ordering::SeqCst);
         if tx.send(task).is_err() {
@@ -243,6 +291,9 @@ impl Drop for SimStream {
                 let _ = w.join();
             }
         }
+        if let Some(san) = &self.shared.san {
+            san.stream_dropped(self.shared.id, self.enqueued());
+        }
         self.core.stream_dropped();
     }
 }
@@ -254,8 +305,9 @@ fn sleep(d: Duration) {
 }
 
 fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
-    for Task { pos, kind } in rx.iter() {
+    for Task { pos, kind, stamp } in rx.iter() {
         let name = kind.name();
+        let tracked = stamp.as_ref().filter(|st| st.tracked).map(|st| st.seq);
         let result = if let Some(err) = s.sticky() {
             // Skipped: host fns and kernels are dropped unrun; records complete with the error.
             if let TaskKind::Record(r) = &kind {
@@ -271,7 +323,7 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
             drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
             Err(msg)
         } else {
-            match catch_unwind(AssertUnwindSafe(|| execute(core, s, pos, kind))) {
+            match catch_unwind(AssertUnwindSafe(|| execute(core, s, pos, kind, stamp.as_ref()))) {
                 Ok(r) => r,
                 Err(p) => Err(format!("panicked: {}", panic_message(p.as_ref()))),
             }
@@ -279,7 +331,19 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
         if let Err(message) = result {
             s.fail(task_failed(s, pos, &name, &message));
         }
-        s.finish(pos);
+        match &s.san {
+            Some(san) => {
+                if let Some(seq) = tracked {
+                    san.retire(s.id, seq);
+                }
+                if san.poisons() {
+                    san.finish_with_poison(s.id, pos, &core.memory, || s.finish(pos));
+                } else {
+                    s.finish(pos);
+                }
+            }
+            None => s.finish(pos),
+        }
     }
 }
 
@@ -297,7 +361,27 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
-fn execute(core: &DeviceCore, s: &StreamShared, pos: u64, kind: TaskKind) -> Result<(), String> {
+/// Runs the sanitizer's checks of a task's ranges, when it is on.
+fn sanitize(
+    s: &StreamShared,
+    pos: u64,
+    stamp: Option<&Stamp>,
+    name: &'static str,
+    ranges: &[Range],
+) -> Result<(), String> {
+    match (&s.san, stamp) {
+        (Some(san), Some(stamp)) => san.check_task(s.id, pos, stamp, name, ranges),
+        _ => Ok(()),
+    }
+}
+
+fn execute(
+    core: &DeviceCore,
+    s: &StreamShared,
+    pos: u64,
+    kind: TaskKind,
+    stamp: Option<&Stamp>,
+) -> Result<(), String> {
     let owner = Owner::Task { stream: s.id, task: pos };
     let lat = core.latency();
     match kind {
@@ -313,11 +397,12 @@ fn execute(core: &DeviceCore, s: &StreamShared, pos: u64, kind: TaskKind) -> Res
                 .iter()
                 .map(|b| Range { addr: b.ptr.addr(), len: b.len, mode: b.mode })
                 .collect();
+            sanitize(s, pos, stamp, k.name, &ranges)?;
             let acc = core.memory.acquire(owner, &ranges, true).map_err(|e| e.message())?;
             let body = k.body;
             body(&acc).map_err(|e| e.0)
         }
-        TaskKind::Copy { dst, src, len, .. } => {
+        TaskKind::Copy { dst, src, len, name } => {
             sleep(lat.launch);
             let mut ranges: smallvec::SmallVec<[Range; 2]> = smallvec::SmallVec::new();
             if let End::Device(a) = dst {
@@ -326,6 +411,7 @@ fn execute(core: &DeviceCore, s: &StreamShared, pos: u64, kind: TaskKind) -> Res
             if let End::Device(a) = src {
                 ranges.push(Range { addr: a, len, mode: AccessMode::Read });
             }
+            sanitize(s, pos, stamp, name, &ranges)?;
             let mut acc = core.memory.acquire(owner, &ranges, false).map_err(|e| e.message())?;
             sleep(lat.copy_time(len));
             acc.copy(&dst, &src, len).map_err(|e| e.to_string())
@@ -333,6 +419,7 @@ fn execute(core: &DeviceCore, s: &StreamShared, pos: u64, kind: TaskKind) -> Res
         TaskKind::Memset { dst, value, len } => {
             sleep(lat.launch);
             let r = Range { addr: dst, len, mode: AccessMode::Write };
+            sanitize(s, pos, stamp, "memset", &[r])?;
             let mut acc = core.memory.acquire(owner, &[r], false).map_err(|e| e.message())?;
             acc.fill(dst, value, len).map_err(|e| e.to_string())
         }
@@ -368,7 +455,12 @@ impl StreamHal for SimStream {
         if let Some(e) = self.shared.sticky() {
             return Err(e);
         }
-        Ok(self.completed() >= self.enqueued())
+        let enqueued = self.enqueued();
+        let done = self.completed() >= enqueued;
+        if let (true, Some(san)) = (done, &self.shared.san) {
+            san.observe(self.shared.id, enqueued + 1);
+        }
+        Ok(done)
     }
 
     fn host_fn(&self, f: HostFn) -> DriverResult<()> {
@@ -436,8 +528,9 @@ impl StreamHal for SimStream {
         let ev = downcast_event(event)?;
         // The event's latest record is replaced under the enqueue lock, so concurrent records
         // of one event on one stream leave it at the highest position.
-        self.enqueue(|pos| {
-            let r = Arc::new(RecordState::new(Arc::clone(&self.shared), pos));
+        self.enqueue_stamped(|pos, stamp| {
+            let clock = stamp.map(|st| Sanitizer::record_clock(&st.clock, self.shared.id, pos));
+            let r = Arc::new(RecordState::new(Arc::clone(&self.shared), pos, clock));
             ev.set_latest(Arc::clone(&r));
             TaskKind::Record(r)
         })
@@ -445,7 +538,15 @@ impl StreamHal for SimStream {
 
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()> {
         let ev = downcast_event(event)?;
-        match ev.latest() {
+        let latest = ev.latest();
+        if let (Some(san), Some(clock)) =
+            (&self.shared.san, latest.as_ref().and_then(|r| r.clock.as_ref()))
+        {
+            // Later tasks of this stream are ordered after the record (even when it has
+            // already completed and no wait task is needed).
+            san.on_wait(self.shared.id, clock);
+        }
+        match latest {
             // Never recorded, or already complete: nothing to wait for.
             None => Ok(()),
             Some(r) if r.is_complete() => Ok(()),

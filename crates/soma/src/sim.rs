@@ -14,6 +14,8 @@
 
 use std::sync::Arc;
 
+/// The stream-order sanitizer of the software NPU (see [`NpuBuilder::sanitizer`]).
+pub use soma_sim::{sanitizer, ReportKind, SanitizerMode, SanitizerReport};
 pub use soma_sim::{CallCounts, FaultKind, Faults, LatencyModel, Product, SimDevice, SimStats};
 
 use crate::{Device, Result};
@@ -49,6 +51,24 @@ impl NpuBuilder {
     /// Latency model (default none; [`LatencyModel::ascend_like`] for realistic driver costs).
     pub fn latency(self, model: LatencyModel) -> Self {
         NpuBuilder { inner: self.inner.latency(model) }
+    }
+
+    /// Turns the stream-order sanitizer on or off (default: off, unless the `SOMA_SANITIZER`
+    /// environment variable says `report` or `fail`). Reports:
+    /// [`SimDevice::sanitizer_reports`] of [`Npu::sim_device`].
+    pub fn sanitizer(self, mode: SanitizerMode) -> Self {
+        NpuBuilder { inner: self.inner.sanitizer(mode) }
+    }
+
+    /// Strict sanitizer: also report uses of fresh blocks by streams not ordered after the
+    /// allocation (see [`soma_sim::NpuBuilder::sanitizer_strict`]).
+    pub fn sanitizer_strict(self, strict: bool) -> Self {
+        NpuBuilder { inner: self.inner.sanitizer_strict(strict) }
+    }
+
+    /// Poisons freed pool memory with `byte` once the free completes in stream order.
+    pub fn sanitizer_poison(self, byte: Option<u8>) -> Self {
+        NpuBuilder { inner: self.inner.sanitizer_poison(byte) }
     }
 
     /// Creates the devices.
