@@ -214,13 +214,15 @@ fn attributes_defaults_set_get_rules() {
 }
 
 /// s1: alloc, free; event recorded on s1 after the free; s2 waits on it; s2 allocates.
-fn event_reuse(follow: bool, record_before_free: bool) -> (u64, u64) {
+fn event_reuse(follow: bool, record_before_free: bool, work: bool, size: usize) -> (u64, u64) {
     let pool = pool(64 * MIB);
     ok(set_u32(pool, FOLLOW, u32::from(follow)));
     let (s1, s2, e) = (stream(), stream(), event());
-    let p = alloc(MIB, pool, s1);
-    // Use the block on s1 before freeing it, so that the free has work to wait for.
-    ok(aclrtMemsetAsync(p as *mut c_void, MIB, 1, MIB, s1));
+    let p = alloc(size, pool, s1);
+    if work {
+        // Use the block on s1 before freeing it, so that the free has work to wait for.
+        ok(aclrtMemsetAsync(p as *mut c_void, size, 1, size, s1));
+    }
     if record_before_free {
         ok(aclrtRecordEvent(e, s1));
     }
@@ -229,7 +231,7 @@ fn event_reuse(follow: bool, record_before_free: bool) -> (u64, u64) {
         ok(aclrtRecordEvent(e, s1));
     }
     ok(aclrtStreamWaitEvent(s2, e));
-    let q = alloc(MIB, pool, s2);
+    let q = alloc(size, pool, s2);
     ok(free(q, s2));
     ok(aclrtSynchronizeDevice());
     ok(aclrtMemPoolDestroy(pool));
@@ -243,12 +245,19 @@ fn event_reuse(follow: bool, record_before_free: bool) -> (u64, u64) {
 #[test]
 fn reuse_follows_event_dependencies_only_when_switched_on() {
     setup();
-    let (p, q) = event_reuse(true, false);
-    assert_eq!(p, q, "switch on: s2 reuses the block freed on s1");
-    let (p, q) = event_reuse(false, false);
-    assert_ne!(p, q, "switch off: not reused");
-    let (p, q) = event_reuse(true, true);
-    assert_ne!(p, q, "an event recorded before the free gives no right to the block");
+    for _ in 0..10 {
+        for work in [true, false] {
+            for size in [MIB, 2 * MIB] {
+                let case = format!("work {work}, size {size}");
+                let (p, q) = event_reuse(true, false, work, size);
+                assert_eq!(p, q, "switch on: s2 reuses the block freed on s1 ({case})");
+                let (p, q) = event_reuse(false, false, work, size);
+                assert_ne!(p, q, "switch off: not reused ({case})");
+                let (p, q) = event_reuse(true, true, work, size);
+                assert_ne!(p, q, "an event recorded before the free gives no right ({case})");
+            }
+        }
+    }
 }
 
 #[test]
