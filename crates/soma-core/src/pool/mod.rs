@@ -2,8 +2,8 @@
 
 mod alloc;
 pub mod attr;
-mod passthrough;
 mod observe_api;
+mod passthrough;
 mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -48,7 +48,12 @@ impl Passthrough {
     ///
     /// # Errors
     /// The block's free is already deferred (a double free).
-    pub(crate) fn defer(&self, block: BlockId, tag: FreeTag, stream: &dyn StreamHal) -> Result<(), ()> {
+    pub(crate) fn defer(
+        &self,
+        block: BlockId,
+        tag: FreeTag,
+        stream: &dyn StreamHal,
+    ) -> Result<(), ()> {
         {
             let mut st = self.state.lock();
             if st.in_flight.contains(&block) || st.done.iter().any(|d| d.0 == block) {

@@ -1,0 +1,455 @@
+//! The stream-order sanitizer over real pools: planted bugs must each be caught, and the pool
+//! test suite's stream-ordered patterns must run clean with the sanitizer failing streams.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{wait_device_only, Gate};
+use soma::hal::{AccessMode, BufferAccess, DevicePtr, DriverError, KernelLaunch};
+use soma::sim::{Npu, ReportKind, SanitizerMode, SimDevice};
+use soma::{attr, Error, KernelArg, MemPool, ReusePolicy, Stream};
+
+const MIB: usize = 1 << 20;
+
+fn npu(mode: SanitizerMode) -> Npu {
+    Npu::builder().capacity(1 << 30).sanitizer(mode).build().unwrap()
+}
+
+fn sim(npu: &Npu) -> std::sync::Arc<SimDevice> {
+    npu.sim_device(0).unwrap()
+}
+
+fn kinds(npu: &Npu) -> Vec<ReportKind> {
+    sim(npu).sanitizer_reports().iter().map(|r| r.kind).collect()
+}
+
+/// A raw kernel through the HAL: no use recording, no ordering by the pool.
+fn raw_fill(s: &Stream<'_>, ptr: DevicePtr, len: u64, value: u8) {
+    s.hal()
+        .launch(KernelLaunch {
+            name: "raw_fill",
+            buffers: vec![BufferAccess { ptr, len, mode: AccessMode::Write }],
+            body: Box::new(move |b| {
+                b.bytes_mut(0)?.fill(value);
+                Ok(())
+            }),
+        })
+        .unwrap();
+}
+
+fn fill_u32(s: &Stream<'_>, x: &mut soma::PoolAlloc<'_, u32>, value: u32) {
+    s.launch("fill", &[KernelArg::write(x)], move |b| {
+        b.write::<u32>(0)?.fill(value);
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn sanitizer_failure(result: soma::Result<()>, what: &str) {
+    match result {
+        Err(Error::Driver(DriverError::TaskFailed { message, .. })) => {
+            assert!(message.contains(what), "{message}")
+        }
+        other => panic!("expected a sanitizer failure ({what}), got {other:?}"),
+    }
+}
+
+// ---- planted bugs ----------------------------------------------------------------------
+
+#[test]
+fn use_after_free_on_the_same_stream() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut x = pool.alloc_async::<u32>(1024, &s).unwrap();
+    fill_u32(&s, &mut x, 1);
+    let ptr = x.device_ptr();
+    drop(x);
+    raw_fill(&s, ptr, 4096, 2);
+    sanitizer_failure(s.synchronize(), "use after free");
+    assert_eq!(kinds(&npu), [ReportKind::UseAfterFree]);
+}
+
+#[test]
+fn cross_stream_use_without_an_event() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let gate = Gate::close(&s1);
+    let mut a = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    fill_u32(&s1, &mut a, 1); // queued behind the gate
+    let ptr = a.device_ptr();
+    drop(a);
+    let mut b = pool.alloc_async::<u32>(1024, &s1).unwrap(); // same-stream reuse
+    assert_eq!(b.device_ptr(), ptr);
+    fill_u32(&s2, &mut b, 2); // the bug: s2 never waited for s1
+    sanitizer_failure(s2.synchronize(), "not ordered after the allocation");
+    gate.open();
+    drop(b);
+    s1.synchronize().unwrap();
+    assert_eq!(kinds(&npu), [ReportKind::NotOrderedAfterAlloc]);
+}
+
+#[test]
+fn use_before_alloc() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let x = pool.alloc_async::<u8>(512, &s1).unwrap();
+    let next = x.device_ptr().checked_add(512).unwrap(); // mapped, not yet allocated
+    let gate = Gate::close(&s2);
+    raw_fill(&s2, next, 512, 3); // enqueued on s2 before the allocation below
+    let y = pool.alloc_async::<u8>(512, &s1).unwrap();
+    assert_eq!(y.device_ptr(), next);
+    gate.open();
+    sanitizer_failure(s2.synchronize(), "use before the allocation");
+    assert_eq!(kinds(&npu), [ReportKind::UseBeforeAlloc]);
+    drop((x, y));
+}
+
+#[test]
+fn out_of_bounds_by_one_element() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let x = pool.alloc_async::<u32>(1000, &s).unwrap();
+    raw_fill(&s, x.device_ptr(), 1001 * 4, 0);
+    sanitizer_failure(s.synchronize(), "out-of-bounds");
+    assert_eq!(kinds(&npu), [ReportKind::OutOfBounds]);
+    let r = &sim(&npu).sanitizer_reports()[0];
+    assert_eq!(r.allocation.map(|a| a.size), Some(4000));
+}
+
+#[test]
+fn free_not_ordered_after_a_raw_cross_stream_use() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let x = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    s2.wait_stream(&s1).unwrap(); // s2 is ordered after the allocation
+    raw_fill(&s2, x.device_ptr(), 4096, 4); // raw: the pool does not know of this use
+    wait_device_only(&s2);
+    drop(x); // the free is not ordered after s2's use
+    sanitizer_failure(s1.synchronize(), "free not ordered after a use");
+    assert_eq!(kinds(&npu), [ReportKind::FreeNotOrderedAfterUse]);
+}
+
+#[test]
+fn use_of_a_driver_freed_pointer() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let p = dev.hal().malloc(4096).unwrap();
+    raw_fill(&s, p, 4096, 1);
+    s.synchronize().unwrap();
+    let gate = Gate::close(&s);
+    raw_fill(&s, p, 4096, 2);
+    dev.hal().free(p).unwrap();
+    gate.open();
+    sanitizer_failure(s.synchronize(), "use after free");
+    assert_eq!(kinds(&npu), [ReportKind::UseAfterFree]);
+}
+
+#[test]
+fn report_mode_lets_the_task_run() {
+    let npu = npu(SanitizerMode::Report);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let x = pool.alloc_async::<u32>(1000, &s).unwrap();
+    raw_fill(&s, x.device_ptr(), 4004, 0);
+    s.synchronize().unwrap();
+    let reports = sim(&npu).take_sanitizer_reports();
+    assert_eq!(reports.len(), 1);
+    let text = reports[0].to_string();
+    assert!(text.contains("out-of-bounds") && text.contains("raw_fill"), "{text}");
+}
+
+// ---- no false positives ----------------------------------------------------------------
+
+fn clean(npu: &Npu) {
+    let reports = sim(npu).sanitizer_reports();
+    assert!(reports.is_empty(), "{}", reports.iter().map(|r| format!("{r}\n")).collect::<String>());
+}
+
+#[test]
+fn same_stream_reuse_without_synchronisation() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    for round in 0..50u32 {
+        let mut a = pool.alloc_async::<u32>(4096, &s).unwrap();
+        let mut b = pool.alloc_async::<u32>(4096, &s).unwrap();
+        s.copy_from_host(&mut a, &vec![round; 4096]).unwrap();
+        s.launch("plus_one", &[KernelArg::read(&a), KernelArg::write(&mut b)], |k| {
+            let (a, b) = (k.read::<u32>(0)?, k.write::<u32>(1)?);
+            b.iter_mut().zip(a).for_each(|(b, a)| *b = a + 1);
+            Ok(())
+        })
+        .unwrap();
+        drop(a);
+        let mut c = pool.alloc_async::<u32>(4096, &s).unwrap();
+        s.memset(&mut c, 0xff).unwrap();
+        s.copy(&mut c, &b).unwrap();
+        drop((b, c));
+    }
+    s.synchronize().unwrap();
+    assert!(pool.stats().reuses.same_stream > 0);
+    clean(&npu);
+}
+
+#[test]
+fn event_ordered_reuse_and_chains() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2, s3) =
+        (dev.create_stream().unwrap(), dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().reuse(ReusePolicy::new(true, false, false)).build(&dev).unwrap();
+    let gate = Gate::close(&s1);
+    let mut a = pool.alloc_async::<u32>(MIB, &s1).unwrap();
+    fill_u32(&s1, &mut a, 1);
+    let ptr = a.device_ptr();
+    drop(a);
+    let e1 = s1.record_event().unwrap();
+    s2.wait_event(&e1).unwrap();
+    let e2 = s2.record_event().unwrap();
+    s3.wait_event(&e2).unwrap();
+    let mut b = pool.alloc_async::<u32>(MIB, &s3).unwrap();
+    assert_eq!(b.device_ptr(), ptr, "chain s1 -> s2 -> s3");
+    fill_u32(&s3, &mut b, 2);
+    gate.open();
+    let mut out = vec![0u32; MIB];
+    s3.copy_to_host(&b, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 2));
+    drop(b);
+    dev.synchronize().unwrap();
+    clean(&npu);
+}
+
+#[test]
+fn internal_dependencies_and_opportunistic_reuse() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().reuse(ReusePolicy::new(false, false, true)).build(&dev).unwrap();
+    let gate = Gate::close(&s1);
+    let mut a = pool.alloc_async::<u32>(MIB, &s1).unwrap();
+    fill_u32(&s1, &mut a, 1);
+    let ptr = a.device_ptr();
+    drop(a);
+    let mut b = pool.alloc_async::<u32>(MIB, &s2).unwrap();
+    assert_eq!(b.device_ptr(), ptr);
+    fill_u32(&s2, &mut b, 2);
+    gate.open();
+    drop(b);
+    s2.synchronize().unwrap();
+    // Opportunistic: the free has completed on the device, the host did not synchronize.
+    pool.set_reuse_policy(ReusePolicy::new(false, true, false));
+    let mut c = pool.alloc_async::<u32>(MIB, &s1).unwrap();
+    fill_u32(&s1, &mut c, 3);
+    let ptr = c.device_ptr();
+    drop(c);
+    wait_device_only(&s1);
+    let mut d = pool.alloc_async::<u32>(MIB, &s2).unwrap();
+    assert_eq!(d.device_ptr(), ptr);
+    fill_u32(&s2, &mut d, 4);
+    drop(d);
+    dev.synchronize().unwrap();
+    assert!(pool.stats().reuses.opportunistic >= 1);
+    clean(&npu);
+}
+
+#[test]
+fn hand_off_and_automatic_cross_stream_use_recording() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().reuse(ReusePolicy::NONE).build(&dev).unwrap();
+    // hand_off
+    let mut x = pool.alloc_async::<u32>(256, &s1).unwrap();
+    let gate = Gate::close(&s1);
+    s1.copy_from_host(&mut x, &[7u32; 256]).unwrap();
+    let x = x.hand_off(&s2).unwrap();
+    gate.open();
+    let mut out = vec![0u32; 256];
+    s2.copy_to_host(&x, &mut out).unwrap();
+    assert_eq!(out, vec![7u32; 256]);
+    drop(x);
+    // A use on another stream (ordered after the allocation) is recorded; the free waits.
+    let mut y = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    s2.wait_stream(&s1).unwrap();
+    let gate = Gate::close(&s2);
+    fill_u32(&s2, &mut y, 2);
+    drop(y);
+    let mut z = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    fill_u32(&s1, &mut z, 1);
+    gate.open();
+    s1.copy_to_host(&z, &mut vec![0u32; 1024]).unwrap();
+    drop(z);
+    dev.synchronize().unwrap();
+    clean(&npu);
+}
+
+#[test]
+fn the_pool_suites_cross_stream_write_of_a_fresh_block() {
+    // tests/reuse_rules.rs: x is written on s2 without an event; its block is fresh (no
+    // earlier free to race with), so the default sanitizer accepts it; the strict one does not.
+    for strict in [false, true] {
+        let npu = Npu::builder()
+            .capacity(1 << 30)
+            .sanitizer(SanitizerMode::Report)
+            .sanitizer_strict(strict)
+            .build()
+            .unwrap();
+        let dev = npu.device(0).unwrap();
+        let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let pool = MemPool::builder().reuse(ReusePolicy::NONE).build(&dev).unwrap();
+        let mut x = pool.alloc_async::<u32>(1024, &s1).unwrap();
+        let gate = Gate::close(&s2);
+        fill_u32(&s2, &mut x, 2);
+        drop(x);
+        let mut y = pool.alloc_async::<u32>(1024, &s1).unwrap();
+        fill_u32(&s1, &mut y, 1);
+        gate.open();
+        let mut out = vec![0u32; 1024];
+        s1.copy_to_host(&y, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 1));
+        drop(y);
+        dev.synchronize().unwrap();
+        let expected: &[ReportKind] =
+            if strict { &[ReportKind::NotOrderedAfterAlloc] } else { &[] };
+        assert_eq!(kinds(&npu), expected, "strict = {strict}");
+    }
+}
+
+#[test]
+fn reuse_after_synchronize_and_stream_drop() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let pool = MemPool::builder().reuse(ReusePolicy::NONE).build(&dev).unwrap();
+    let ptr = {
+        let s1 = dev.create_stream().unwrap();
+        let mut a = pool.alloc_async::<u32>(MIB, &s1).unwrap();
+        fill_u32(&s1, &mut a, 1);
+        a.device_ptr()
+    }; // s1 dropped: drained
+    let mut b = pool.alloc_async::<u32>(MIB, &s2).unwrap();
+    assert_eq!(b.device_ptr(), ptr);
+    fill_u32(&s2, &mut b, 2);
+    drop(b);
+    s2.synchronize().unwrap();
+    let s3 = dev.create_stream().unwrap();
+    let mut c = pool.alloc_async::<u32>(MIB, &s3).unwrap();
+    assert_eq!(c.device_ptr(), ptr);
+    fill_u32(&s3, &mut c, 3);
+    drop(c);
+    dev.synchronize().unwrap();
+    clean(&npu);
+}
+
+#[test]
+fn compaction_and_threads_run_clean() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(16 << 20).build(&dev).unwrap();
+    let mut blocks: Vec<_> =
+        (0..16u32).map(|_| pool.alloc_async::<u32>(256 * 1024, &s).unwrap()).collect();
+    for (i, b) in blocks.iter_mut().enumerate() {
+        s.copy_from_host(b, &vec![i as u32; 256 * 1024]).unwrap();
+    }
+    let mut kept: Vec<_> = blocks.into_iter().enumerate().filter(|(i, _)| i % 2 == 1).collect();
+    let mut refs: Vec<_> = kept.iter_mut().map(|(_, b)| b).collect();
+    assert!(pool.compact(&s, &mut refs).unwrap() >= 4);
+    for (i, b) in &kept {
+        let mut out = vec![0u32; 256 * 1024];
+        s.copy_to_host(b, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == *i as u32));
+    }
+    drop(kept);
+    let pool2 = MemPool::builder().max_size(256 << 20).build(&dev).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..3u32 {
+            let (dev, pool) = (&dev, &pool2);
+            scope.spawn(move || {
+                let s = dev.create_stream().unwrap();
+                for i in 0..100u32 {
+                    let len = 1 + (i as usize * 7919 + t as usize * 104729) % 20_000;
+                    let mut a = pool.alloc_async::<u32>(len, &s).unwrap();
+                    s.copy_from_host(&mut a, &vec![i; len]).unwrap();
+                    if i % 10 == 0 {
+                        let mut out = vec![0u32; len];
+                        s.copy_to_host(&a, &mut out).unwrap();
+                        assert!(out.iter().all(|&v| v == i));
+                    }
+                }
+                s.synchronize().unwrap();
+            });
+        }
+    });
+    s.synchronize().unwrap();
+    clean(&npu);
+}
+
+// ---- pass-through mode -----------------------------------------------------------------
+
+#[test]
+fn passthrough_maps_every_allocation_and_unmaps_every_completed_free() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().passthrough(true).build(&dev).unwrap();
+    assert_eq!(pool.reuse_policy(), ReusePolicy::NONE);
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), 0);
+    for round in 0..5u32 {
+        let mut a = pool.alloc_async::<u32>(MIB, &s).unwrap();
+        fill_u32(&s, &mut a, round);
+        drop(a);
+        // Nothing reuses the block, not even the same stream.
+        let mut b = pool.alloc_async::<u32>(MIB, &s).unwrap();
+        fill_u32(&s, &mut b, round);
+        drop(b);
+    }
+    assert_eq!(pool.stats().reuses.total(), 0);
+    s.synchronize().unwrap();
+    assert_eq!(pool.trim_to(0).unwrap(), 0, "everything was released already");
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+    assert_eq!(sim(&npu).stats().mapped_bytes, 0);
+    // A use after a completed pass-through free hits unmapped memory at once.
+    let x = pool.alloc_async::<u32>(1024, &s).unwrap();
+    let ptr = x.device_ptr();
+    drop(x);
+    s.synchronize().unwrap(); // the free completed; the synchronize released it
+    let err = s.hal().memset(ptr, 0, 16).unwrap_err();
+    assert!(matches!(err, DriverError::InvalidAddress { .. }), "{err:?}");
+    s.synchronize().unwrap();
+    clean(&npu);
+}
+
+#[test]
+fn passthrough_frees_wait_for_the_stream() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().passthrough(true).build(&dev).unwrap();
+    let gate = Gate::close(&s);
+    let mut a = pool.alloc_async::<u32>(MIB, &s).unwrap();
+    fill_u32(&s, &mut a, 1);
+    drop(a);
+    assert_eq!(pool.stats().used, (MIB * 4) as u64, "the free has not completed");
+    std::thread::sleep(Duration::from_millis(10));
+    assert!(pool.get::<attr::ReservedMemCurrent>().unwrap() >= (MIB * 4) as u64);
+    gate.open();
+    s.synchronize().unwrap();
+    assert_eq!(pool.stats().used, 0);
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+    clean(&npu);
+}
