@@ -1,0 +1,105 @@
+//! The `ascend` backend end to end without hardware: our own `soma-capi` library is loaded as
+//! if it were CANN's `libascendcl.so`, and the pool runs through the backend — with the
+//! soma-core engine over the VMM calls, and with `native()` over `aclrtMemPool*`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use soma::ascend::{devices, Acl};
+use soma::{attr, Device, Error, MemPool, ReusePolicy};
+
+/// `libascendcl.so` built from `crates/soma-capi` (a dev-dependency, so cargo builds it into
+/// the same `deps/` directory as this test binary).
+fn capi_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps directory");
+    for dir in [deps.to_path_buf(), deps.join("..")] {
+        let candidate = dir.join("libascendcl.so");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libascendcl.so (soma-capi) not found next to {}", exe.display());
+}
+
+fn device() -> Device {
+    let path = capi_library();
+    // SAFETY: the library is our own soma-capi, an AscendCL implementation over the software
+    // NPU; loading it runs no foreign initialisers.
+    let acl = Arc::new(unsafe { Acl::open(&path) }.expect("load soma-capi as libascendcl.so"));
+    let first = devices(acl).expect("devices").into_iter().next().expect("one device");
+    Device::new(Arc::new(first))
+}
+
+#[test]
+fn the_engine_runs_on_the_ascend_backend() {
+    let dev = device();
+    assert!(dev.info().supports_vmm, "soma-capi serves the VMM calls");
+    let s1 = dev.create_stream().unwrap();
+    let s2 = dev.create_stream().unwrap();
+    let pool = MemPool::builder()
+        .max_size(64 << 20)
+        .reuse(ReusePolicy::new(true, false, false))
+        .build(&dev)
+        .unwrap();
+
+    // Data round trip through a pool allocation.
+    let mut x = pool.alloc_async::<u32>(1 << 16, &s1).unwrap();
+    let host: Vec<u32> = (0..1 << 16).collect();
+    s1.copy_from_host(&mut x, &host).unwrap();
+    let mut back = vec![0u32; 1 << 16];
+    s1.copy_to_host(&x, &mut back).unwrap();
+    assert_eq!(back, host);
+    let ptr = x.device_ptr();
+
+    // Same-stream reuse, then event-ordered reuse on another stream.
+    drop(x);
+    let y = pool.alloc_async::<u32>(1 << 16, &s1).unwrap();
+    assert_eq!(y.device_ptr(), ptr);
+    drop(y);
+    let ev = s1.record_event().unwrap();
+    s2.wait_event(&ev).unwrap();
+    let z = pool.alloc_async::<u32>(1 << 16, &s2).unwrap();
+    assert_eq!(z.device_ptr(), ptr, "follow_event_dependencies through the backend");
+    drop(z);
+
+    assert!(pool.get::<attr::ReservedMemCurrent>().unwrap() >= 256 << 10);
+    s2.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    assert!(pool.trim_to(0).unwrap() > 0);
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+}
+
+#[test]
+fn native_pools_delegate_to_aclrt_mem_pool() {
+    let dev = device();
+    assert!(dev.info().supports_native_pool, "soma-capi reports an Atlas A2 by default");
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 << 20).native().build(&dev).unwrap();
+    // The Rust builder's defaults are set on the native pool.
+    assert_eq!(pool.get::<attr::ReleaseThreshold>().unwrap(), 64 << 20);
+    assert!(pool.get::<attr::ReuseFollowEventDependencies>().unwrap());
+
+    let mut x = pool.alloc_async::<u8>(3 << 20, &s).unwrap();
+    s.copy_from_host(&mut x, &vec![7u8; 3 << 20]).unwrap();
+    let mut back = vec![0u8; 3 << 20];
+    s.copy_to_host(&x, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    assert!(pool.get::<attr::UsedMemCurrent>().unwrap() >= 3 << 20);
+    let ptr = x.device_ptr();
+    drop(x);
+    let y = pool.alloc_async::<u8>(3 << 20, &s).unwrap();
+    assert_eq!(y.device_ptr(), ptr, "same-stream reuse inside CANN's pool");
+    drop(y);
+    assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), 0);
+    pool.set::<attr::ReleaseThreshold>(0).unwrap();
+    assert!(pool.set::<attr::ReleaseThreshold>(1 << 40).is_err());
+    pool.reset::<attr::UsedMemHigh>().unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(
+        pool.get::<attr::ReservedMemCurrent>().unwrap(),
+        0,
+        "threshold 0 applied at synchronize"
+    );
+    assert!(matches!(pool.compact::<u8>(&s, &mut []), Err(Error::Driver(_))));
+}
