@@ -74,3 +74,13 @@ pub fn npu() -> soma::sim::Npu {
 
 /// Pool range of the engine-alone and pure offset allocators: 1 TiB.
 pub const RANGE: u64 = 1 << 40;
+
+/// A replay slower than this is timed once and not handed to criterion (whose minimum of
+/// 10 samples would take minutes); the benches record it in their JSON as a `slow` cell.
+pub fn slow_replay_limit() -> std::time::Duration {
+    if quick() {
+        std::time::Duration::from_millis(300)
+    } else {
+        std::time::Duration::from_millis(1500)
+    }
+}

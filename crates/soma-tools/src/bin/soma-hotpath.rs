@@ -1,0 +1,88 @@
+//! `soma-hotpath`: runs the hot-path pair (alloc + free of 4 KiB, one stream) `PAIRS` times
+//! on one allocator with `LIVE` other live blocks (the checkerboard of the hot-path bench),
+//! for profilers. Instruction counts per pair are the difference of two runs with different
+//! `PAIRS`, divided by the difference:
+//!
+//! ```text
+//! valgrind --tool=callgrind soma-hotpath soma 64 100000
+//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-engine | offset-allocator | tlsf
+//! soma-hotpath random ALLOCATOR N MAX_MIB   # one RMM random_allocations replay instead
+//! ```
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use soma::MemPool;
+use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, Tlsf};
+use soma_tools::workload::{checkerboard, random_allocations, replay, SEED};
+
+fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
+    let w = checkerboard(live, 512);
+    let handles = replay(&mut a, &w.ops, w.slots);
+    let t = Instant::now();
+    for _ in 0..n {
+        let h = a.alloc(black_box(4096)).expect("alloc");
+        a.free(black_box(h));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n.max(1) as f64;
+    println!("{}: {n} pairs with {live} live blocks: {ns:.1} ns/pair", a.name());
+    drop(handles);
+}
+
+/// One replay of RMM's `random_allocations` (n, max size) on `a`.
+fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64) {
+    let w = random_allocations(n, max_mib, 16_000, SEED);
+    let t = Instant::now();
+    let h = replay(&mut a, &w.ops, w.slots);
+    let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
+    println!("{}: random_allocations {n}x{max_mib}: {} ops, {ns:.1} ns/op", a.name(), w.ops.len());
+    drop(h);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("random") {
+        let [_, which, n, max] = args.as_slice() else {
+            eprintln!("usage: soma-hotpath random soma-engine|tlsf N MAX_MIB");
+            std::process::exit(2);
+        };
+        let (n, max) = (n.parse().expect("N"), max.parse().expect("MAX_MIB"));
+        match which.as_str() {
+            "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max),
+            _ => random(Tlsf::new(1 << 40), n, max),
+        }
+        return;
+    }
+    let [which, live, n] = args.as_slice() else {
+        eprintln!("usage: soma-hotpath soma|soma-engine|offset-allocator|tlsf LIVE PAIRS");
+        std::process::exit(2);
+    };
+    let live: usize = live.parse().expect("LIVE");
+    let n: u64 = n.parse().expect("PAIRS");
+    const RANGE: u64 = 1 << 40;
+    match which.as_str() {
+        "soma" => {
+            let npu = soma::sim::Npu::builder()
+                .capacity(
+                    std::env::var("SOMA_HOTPATH_CAPACITY_MIB")
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(8192)
+                        << 20,
+                )
+                .build()
+                .expect("npu");
+            let dev = npu.device(0).expect("device");
+            let s = dev.create_stream().expect("stream");
+            let pool = MemPool::builder().build(&dev).expect("pool");
+            pairs(SomaApi::new(&pool, &s), live, n);
+        }
+        "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n),
+        "offset-allocator" => pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n),
+        "tlsf" => pairs(Tlsf::new(RANGE), live, n),
+        other => {
+            eprintln!("unknown allocator {other}");
+            std::process::exit(2);
+        }
+    }
+}
