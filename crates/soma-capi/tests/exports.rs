@@ -23,7 +23,6 @@ fn every_function_of_the_subset_is_exported() {
     // SAFETY: the library is our AscendCL implementation; its initialisers are Rust's.
     let acl = unsafe { Acl::open(cdylib()) }.expect("dlopen libascendcl.so");
     assert_eq!(acl.missing_symbols(), Vec::<&str>::new());
-    assert_eq!(ascend_sys::FUNCTIONS.len(), 46);
     // SAFETY: signatures from the headers; valid pointers.
     unsafe {
         acl_fn!(acl, aclInit).unwrap()(std::ptr::null()).result().unwrap();

@@ -586,3 +586,18 @@ fn destroy_racing_with_allocations_never_crashes() {
         worker.join().unwrap();
     }
 }
+
+#[test]
+fn null_stream_is_the_default_stream() {
+    setup();
+    let pool = pool(16 * MIB);
+    let null = std::ptr::null_mut();
+    let p = alloc(MIB, pool, null);
+    ok(aclrtMemsetAsync(p as *mut c_void, MIB, 0, MIB, null));
+    ok(free(p, null));
+    assert_eq!(alloc(MIB, pool, null), p, "same stream: the default stream");
+    ok(free(p, null));
+    ok(aclrtSynchronizeStream(null));
+    assert_eq!(get(pool, RESERVED), 0);
+    ok(aclrtMemPoolDestroy(pool));
+}
