@@ -601,3 +601,75 @@ fn null_stream_is_the_default_stream() {
     assert_eq!(get(pool, RESERVED), 0);
     ok(aclrtMemPoolDestroy(pool));
 }
+
+/// Blocks a stream until `release` is set by another thread.
+extern "C" fn block_until(arg: *mut c_void) {
+    // SAFETY: the argument is a `&'static AtomicBool` (see the callers).
+    let flag = unsafe { &*(arg as *const std::sync::atomic::AtomicBool) };
+    while !flag.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn opportunistic_reuse_after_the_free_completed_on_the_device() {
+    setup();
+    for opportunistic in [1, 0] {
+        let pool = pool(64 * MIB);
+        ok(set_u32(pool, OPPORTUNISTIC, opportunistic));
+        let (s1, s2) = (stream(), stream());
+        let p = alloc(MIB, pool, s1);
+        ok(aclrtMemsetAsync(p as *mut c_void, MIB, 1, MIB, s1));
+        ok(free(p, s1));
+        // Let the device finish without the host observing it (no synchronize, no query).
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let q = alloc(MIB, pool, s2);
+        if opportunistic == 1 {
+            assert_eq!(p, q, "opportunistic: the completed free is reused on s2");
+        } else {
+            assert_ne!(p, q, "all switches off: not reused");
+        }
+        ok(free(q, s2));
+        ok(aclrtSynchronizeDevice());
+        ok(aclrtMemPoolDestroy(pool));
+        ok(aclrtDestroyStream(s1));
+        ok(aclrtDestroyStream(s2));
+    }
+}
+
+#[test]
+fn internal_dependencies_reuse_without_waiting_on_the_host() {
+    setup();
+    static RELEASE: [std::sync::atomic::AtomicBool; 2] =
+        [std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicBool::new(false)];
+    for (i, internal) in [1u32, 0].into_iter().enumerate() {
+        // A full pool: s2's request can only be served by s1's pending block.
+        let pool = pool(2 * MIB);
+        ok(set_u32(pool, INTERNAL, internal));
+        let (s1, s2) = (stream(), stream());
+        let p = alloc(2 * MIB, pool, s1);
+        let flag = &RELEASE[i] as *const _ as *mut c_void;
+        // SAFETY: `block_until` reads the static flag, which outlives the stream.
+        ok(unsafe { aclrtLaunchHostFunc(s1, Some(block_until), flag) });
+        ok(free(p, s1));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            RELEASE[i].store(true, std::sync::atomic::Ordering::Release);
+        });
+        let t = std::time::Instant::now();
+        let q = alloc(2 * MIB, pool, s2);
+        let waited = t.elapsed();
+        assert_eq!(p, q);
+        if internal == 1 {
+            assert!(waited.as_millis() < 200, "internal dependency: no host wait ({waited:?})");
+        } else {
+            assert!(waited.as_millis() >= 250, "switch off: the host waited ({waited:?})");
+        }
+        ok(free(q, s2));
+        ok(aclrtSynchronizeDevice());
+        releaser.join().unwrap();
+        ok(aclrtMemPoolDestroy(pool));
+        ok(aclrtDestroyStream(s1));
+        ok(aclrtDestroyStream(s2));
+    }
+}
