@@ -1,0 +1,268 @@
+//! Concurrency stress: several host threads, each with its own streams, plus streams shared
+//! by all threads, allocating from one pool at once.
+//!
+//! Every allocation gets a signature written on the device (a host-to-device copy or a
+//! kernel), may move between streams (`hand_off`, event waits, uses recorded on another
+//! stream) and is read back and checked (`copy_to_host`) before it is freed. A block handed
+//! out twice, or reused while another stream still works on it, shows up as a wrong
+//! signature — or as the software NPU's "concurrent conflicting access" task failure, which
+//! the next synchronize reports.
+//!
+//! `stress_short` runs in CI (about two seconds). `stress_long` runs for `SOMA_STRESS_SECS`
+//! seconds with 8 threads; without the variable it returns at once:
+//!
+//! ```text
+//! SOMA_STRESS_SECS=300 cargo test --release --test stress stress_long -- --nocapture
+//! ```
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use soma::{KernelArg, MemPool, PoolAlloc, ReusePolicy, Stream};
+
+/// Counters of one run.
+#[derive(Default)]
+struct Totals {
+    allocations: AtomicU64,
+    verified: AtomicU64,
+    hand_offs: AtomicU64,
+    cross_stream_uses: AtomicU64,
+    out_of_memory: AtomicU64,
+}
+
+/// A small deterministic generator per thread.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// The value of element `i` of an allocation signed with `sig`.
+fn expected(sig: u32, i: usize) -> u32 {
+    sig ^ (i as u32).wrapping_mul(0x9E37_79B9)
+}
+
+/// An allocation and the signature its contents carry.
+struct Signed<'s> {
+    alloc: PoolAlloc<'s, u32>,
+    sig: u32,
+}
+
+fn sign<'s>(stream: &Stream<'_>, alloc: &mut PoolAlloc<'s, u32>, sig: u32, by_kernel: bool) {
+    if by_kernel {
+        stream
+            .launch("sign", &[KernelArg::write(alloc)], move |b| {
+                for (i, x) in b.write::<u32>(0)?.iter_mut().enumerate() {
+                    *x = expected(sig, i);
+                }
+                Ok(())
+            })
+            .unwrap();
+    } else {
+        let data: Vec<u32> = (0..alloc.len()).map(|i| expected(sig, i)).collect();
+        stream.copy_from_host(alloc, &data).unwrap();
+    }
+}
+
+#[track_caller]
+fn verify(stream: &Stream<'_>, s: &Signed<'_>) {
+    let mut out = vec![0u32; s.alloc.len()];
+    stream.copy_to_host(&s.alloc, &mut out).unwrap();
+    if let Some(i) = (0..out.len()).find(|&i| out[i] != expected(s.sig, i)) {
+        panic!(
+            "allocation {:?} lost its contents at element {i}: {:#x}, expected {:#x} (signature {:#x})",
+            s.alloc.device_ptr(),
+            out[i],
+            expected(s.sig, i),
+            s.sig
+        );
+    }
+}
+
+/// One worker thread: allocate, sign, move, use across streams, verify, free.
+fn worker<'p>(
+    id: u32,
+    pool: &'p MemPool<'p>,
+    own: &'p [Stream<'p>; 2],
+    shared: &'p [Stream<'p>],
+    deadline: Instant,
+    totals: &Totals,
+) {
+    let mut rng = Lcg(u64::from(id) * 0x2545_F491_4F6C_DD1D + 1);
+    let mut held: Vec<Signed<'p>> = Vec::new();
+    let mut iteration = 0u32;
+    while Instant::now() < deadline {
+        iteration = iteration.wrapping_add(1);
+        let sig = (id << 24) | (iteration & 0x00ff_ffff);
+        let home = &own[rng.next(2) as usize];
+        let len = match rng.next(16) {
+            0..=5 => 1 + rng.next(64) as usize,
+            6..=11 => 256 + rng.next(4096) as usize,
+            12..=14 => 16_384 + rng.next(65_536) as usize,
+            _ => 262_144 + rng.next(262_144) as usize,
+        };
+        let mut alloc = match pool.alloc_async::<u32>(len, home) {
+            Ok(a) => a,
+            Err(soma::Error::OutOfMemory(_)) => {
+                // Other threads hold the memory: give some back and go on.
+                totals.out_of_memory.fetch_add(1, Ordering::Relaxed);
+                if let Some(s) = held.pop() {
+                    verify(s.alloc.stream(), &s);
+                    totals.verified.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
+            }
+            Err(e) => panic!("thread {id}: allocation failed: {e}"),
+        };
+        totals.allocations.fetch_add(1, Ordering::Relaxed);
+        sign(home, &mut alloc, sig, rng.next(2) == 0);
+        let mut signed = Signed { alloc, sig };
+        match rng.next(6) {
+            0 => {
+                // Move it to the thread's other stream or to a shared one.
+                let to = if rng.next(2) == 0 {
+                    &own[0]
+                } else {
+                    &shared[rng.next(shared.len() as u64) as usize]
+                };
+                let moved = signed.alloc.hand_off(to).unwrap();
+                signed = Signed { alloc: moved, sig };
+                totals.hand_offs.fetch_add(1, Ordering::Relaxed);
+            }
+            1 => {
+                // Read it on a shared stream after an event wait: the use is recorded, so
+                // the free (on its own stream) is ordered after the read.
+                let other = &shared[rng.next(shared.len() as u64) as usize];
+                let ev = signed.alloc.stream().record_event().unwrap();
+                other.wait_event(&ev).unwrap();
+                let (len, sig) = (signed.alloc.len(), sig);
+                other
+                    .launch("check", &[KernelArg::read(&signed.alloc)], move |b| {
+                        let x = b.read::<u32>(0)?;
+                        match (0..len).find(|&i| x[i] != expected(sig, i)) {
+                            None => Ok(()),
+                            Some(i) => Err(soma::hal::KernelError::new(format!(
+                                "element {i} is {:#x}, expected {:#x}",
+                                x[i],
+                                expected(sig, i)
+                            ))),
+                        }
+                    })
+                    .unwrap();
+                totals.cross_stream_uses.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        held.push(signed);
+        // Keep up to 8 allocations alive; retire a random one (verified first).
+        if held.len() > 8 || rng.next(3) == 0 {
+            let s = held.swap_remove(rng.next(held.len() as u64) as usize);
+            verify(s.alloc.stream(), &s);
+            totals.verified.fetch_add(1, Ordering::Relaxed);
+            drop(s);
+        }
+        if rng.next(64) == 0 {
+            own[rng.next(2) as usize].synchronize().unwrap();
+        }
+    }
+    for s in held.drain(..) {
+        verify(s.alloc.stream(), &s);
+        totals.verified.fetch_add(1, Ordering::Relaxed);
+    }
+    for s in own {
+        s.synchronize().unwrap();
+    }
+}
+
+/// Runs `threads` workers for `duration` on one pool; checks every invariant at the end.
+fn run(threads: u32, duration: Duration, policy: ReusePolicy, max_size: u64) -> Totals {
+    let npu = common::npu_with_capacity(4 << 30);
+    let dev = common::device_of(&npu);
+    let sim = npu.sim_device(0).unwrap();
+    let pool = MemPool::builder().max_size(max_size).reuse(policy).build(&dev).unwrap();
+    let shared: Vec<Stream<'_>> = (0..2).map(|_| dev.create_stream().unwrap()).collect();
+    let own: Vec<[Stream<'_>; 2]> = (0..threads)
+        .map(|_| [dev.create_stream().unwrap(), dev.create_stream().unwrap()])
+        .collect();
+    let totals = Totals::default();
+    let deadline = Instant::now() + duration;
+    std::thread::scope(|scope| {
+        for (id, own) in own.iter().enumerate() {
+            let (pool, shared, totals) = (&pool, &shared[..], &totals);
+            scope.spawn(move || worker(id as u32, pool, own, shared, deadline, totals));
+        }
+        // A monitor: the counters stay coherent while everything runs.
+        scope.spawn(|| {
+            while Instant::now() < deadline {
+                let st = pool.stats();
+                assert!(st.reserved >= st.used && st.reserved <= st.max_size, "{st:?}");
+                assert!(st.used_high >= st.used && st.reserved_high >= st.reserved, "{st:?}");
+                assert_eq!(st.free_bytes, st.reserved - st.used, "{st:?}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+    });
+    for s in &shared {
+        s.synchronize().expect("shared stream: a check kernel or a task failed");
+    }
+    dev.synchronize().unwrap();
+    let st = pool.stats();
+    assert_eq!((st.used, st.live_allocations), (0, 0), "{st:?}");
+    assert_eq!(sim.stats().mapped_bytes, st.reserved);
+    pool.trim_to(0).unwrap();
+    assert_eq!(pool.stats().reserved, 0);
+    assert_eq!(sim.stats().mapped_bytes, 0);
+    assert!(st.allocations > 0 && st.frees == st.allocations, "{st:?}");
+    eprintln!("  reuses {:?}, ooms {} (retries {})", st.reuses, st.ooms, st.oom_retries);
+    totals
+}
+
+fn report(name: &str, t: &Totals) {
+    eprintln!(
+        "{name}: {} allocations, {} verified, {} hand-offs, {} cross-stream uses, {} out of memory",
+        t.allocations.load(Ordering::Relaxed),
+        t.verified.load(Ordering::Relaxed),
+        t.hand_offs.load(Ordering::Relaxed),
+        t.cross_stream_uses.load(Ordering::Relaxed),
+        t.out_of_memory.load(Ordering::Relaxed),
+    );
+}
+
+#[test]
+fn stress_short() {
+    // Rust defaults, then every rule on with a tight pool (out-of-memory waits, internal
+    // dependencies), then CANN's (no cross-stream reuse).
+    let runs = [
+        ("default", 4, ReusePolicy::default(), 1 << 30),
+        ("all rules, tight", 4, ReusePolicy::ALL, 12 << 20),
+        ("no cross-stream rule", 2, ReusePolicy::NONE, 256 << 20),
+    ];
+    for (name, threads, policy, max) in runs {
+        let t = run(threads, Duration::from_millis(700), policy, max);
+        report(name, &t);
+        assert!(t.verified.load(Ordering::Relaxed) > 0);
+    }
+}
+
+#[test]
+fn stress_long() {
+    let Some(secs) = std::env::var("SOMA_STRESS_SECS").ok().and_then(|v| v.parse::<u64>().ok())
+    else {
+        eprintln!("stress_long: set SOMA_STRESS_SECS to run it");
+        return;
+    };
+    let per = Duration::from_secs(secs) / 3;
+    for (name, policy, max) in [
+        ("default", ReusePolicy::default(), 1u64 << 30),
+        ("all rules, tight", ReusePolicy::ALL, 16 << 20),
+        ("no cross-stream rule", ReusePolicy::NONE, 512 << 20),
+    ] {
+        let t = run(8, per, policy, max);
+        report(name, &t);
+    }
+}
