@@ -392,11 +392,13 @@ pub extern "C" fn aclrtMemPoolFreeAsync(ptr: *mut c_void, stream: aclrtStream) -
         });
         if let Some((p, taken)) = found {
             let size = taken?;
-            let result = p.pool.free_raw(addr, &s.stream);
-            let mut st = p.state.lock();
-            st.in_progress -= 1;
+            let result = {
+                // Counted in `find_map`; uncounted when this scope ends, even by a panic.
+                let _in_progress = InProgress(&p);
+                p.pool.free_raw(addr, &s.stream)
+            };
             if let Err(e) = result {
-                st.live.insert(addr.addr(), size);
+                p.state.lock().live.insert(addr.addr(), size);
                 return Err(e.into());
             }
             return Ok(());
