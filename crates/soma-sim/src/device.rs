@@ -223,7 +223,12 @@ impl SimDevice {
                 streams: Mutex::new(Vec::new()),
                 live_streams: AtomicUsize::new(0),
                 sanitizer: sanitizer.mode.is_on().then(|| {
-                    Arc::new(Sanitizer::new(sanitizer.mode, sanitizer.strict, sanitizer.poison))
+                    Arc::new(Sanitizer::new(
+                        sanitizer.mode,
+                        sanitizer.strict,
+                        sanitizer.poison,
+                        sanitizer.print,
+                    ))
                 }),
                 sanitizer_mode: sanitizer.mode,
             }),

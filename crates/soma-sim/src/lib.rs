@@ -207,6 +207,8 @@ pub(crate) struct SanitizerConfig {
     pub(crate) mode: SanitizerMode,
     pub(crate) strict: bool,
     pub(crate) poison: Option<u8>,
+    /// Print reports to stderr (the mode came from `SOMA_SANITIZER`).
+    pub(crate) print: bool,
 }
 
 impl Default for NpuBuilder {
@@ -220,9 +222,9 @@ impl Default for NpuBuilder {
             product: Product::AtlasA2,
             latency: LatencyModel::none(),
             address_space: None,
-            sanitizer: SanitizerConfig {
-                mode: SanitizerMode::from_env().unwrap_or_default(),
-                ..SanitizerConfig::default()
+            sanitizer: match SanitizerMode::from_env() {
+                Some(mode) => SanitizerConfig { mode, print: true, ..SanitizerConfig::default() },
+                None => SanitizerConfig::default(),
             },
         }
     }
@@ -288,6 +290,7 @@ impl NpuBuilder {
     /// ```
     pub fn sanitizer(mut self, mode: SanitizerMode) -> Self {
         self.sanitizer.mode = mode;
+        self.sanitizer.print = false;
         self
     }
 

@@ -77,6 +77,9 @@ impl SanitizerMode {
     /// The mode from the `SOMA_SANITIZER` environment variable (`report` or `fail`), if set
     /// to a valid value. Read by [`Npu::builder`](crate::Npu::builder), so that a whole test
     /// suite runs with the sanitizer: `SOMA_SANITIZER=fail cargo test --workspace`.
+    ///
+    /// When the mode comes from the variable, every report is also printed to stderr as it is
+    /// found, so that `SOMA_SANITIZER=report cargo test -- --nocapture` shows them.
     pub fn from_env() -> Option<SanitizerMode> {
         std::env::var("SOMA_SANITIZER").ok().and_then(|v| SanitizerMode::parse(&v))
     }
@@ -415,15 +418,18 @@ pub(crate) struct Sanitizer {
     mode: SanitizerMode,
     strict: bool,
     poison: Option<u8>,
+    /// Print every report to stderr (mode set by `SOMA_SANITIZER`).
+    print: bool,
     state: Mutex<State>,
 }
 
 impl Sanitizer {
-    pub(crate) fn new(mode: SanitizerMode, strict: bool, poison: Option<u8>) -> Self {
+    pub(crate) fn new(mode: SanitizerMode, strict: bool, poison: Option<u8>, print: bool) -> Self {
         Sanitizer {
             mode,
             strict,
             poison,
+            print,
             state: Mutex::new(State { prune_at: MIN_PRUNE_AT, ..State::default() }),
         }
     }
@@ -679,6 +685,9 @@ impl Sanitizer {
             return Ok(());
         }
         let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        if self.print {
+            eprintln!("{message}");
+        }
         st.reports.extend(found);
         if self.fails() {
             Err(message)
@@ -738,6 +747,9 @@ impl Sanitizer {
             return Ok(());
         }
         let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        if self.print {
+            eprintln!("{message}");
+        }
         st.reports.extend(found);
         if self.fails() {
             Err(message)
@@ -871,6 +883,9 @@ impl Sanitizer {
             return None;
         }
         let message = reports.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        if self.print {
+            eprintln!("{message}");
+        }
         st.reports.extend(reports);
         if !self.fails() {
             return None;
