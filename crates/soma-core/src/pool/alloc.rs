@@ -165,7 +165,7 @@ impl<T> PoolAlloc<'_, T> {
         block: BlockId,
         ptr: DevicePtr,
     ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamSlot; 2]>) {
-        let old = std::mem::replace(&mut self.block, Some(block));
+        let old = self.block.replace(block);
         let old_ptr = std::mem::replace(&mut self.ptr, ptr);
         (old, old_ptr, std::mem::take(&mut *self.uses.lock()))
     }
