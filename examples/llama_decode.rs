@@ -13,12 +13,20 @@
 //! reallocation every 16 tokens, and the logits. The 13.5 GB of weights are allocated once
 //! and never written, so the process stays small; the kernels compute real attention over
 //! the KV cache, so both runs must produce the same tokens.
+//!
+//! Each run also draws its memory timeline (used and reserved bytes over time, live
+//! allocations stacked as bands) to `docs/img/llama_decode_driver.svg` and
+//! `docs/img/llama_decode_pool.svg` (with `--quick`: to the system's temporary directory):
+//! the pool run from the activation pool's own history, the driver run from a
+//! [`History`] that the demo fills itself at every allocation and free.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use soma::sim::{LatencyModel, Npu, SimDevice};
 use soma::{Device, DeviceBuffer, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream};
+use soma_core::observe::{History, Record, RecordKind, SvgOptions};
 
 const HIDDEN: usize = 4096;
 const LAYERS: usize = 32;
@@ -48,8 +56,14 @@ trait TensorAlloc<'s> {
         let live = live + b.byte_len();
         self.live().set((live, high.max(live)));
         self.after_alloc();
+        self.log(RecordKind::Alloc, b.device_ptr().addr(), b.byte_len());
         Ok(b)
     }
+
+    /// Called after every allocation and free (outside the timed part) with the buffer's
+    /// address and size: the driver path logs them to draw its memory timeline (a pool keeps
+    /// its own history).
+    fn log(&self, _kind: RecordKind, _addr: u64, _bytes: u64) {}
 
     /// Called after every allocation (the driver path samples the device's memory there).
     fn after_alloc(&self) {}
@@ -57,11 +71,13 @@ trait TensorAlloc<'s> {
     /// Frees, timing the call.
     fn free<T: bytemuck::Pod + Send + Sync>(&self, b: Self::Buf<T>) {
         let bytes = b.byte_len();
+        let addr = b.device_ptr().addr();
         let t = Instant::now();
         drop(b);
         self.clock().set(self.clock().get() + t.elapsed());
         let (live, high) = self.live().get();
         self.live().set((live - bytes, high));
+        self.log(RecordKind::Free, addr, bytes);
     }
 }
 
@@ -73,6 +89,10 @@ struct DriverPath<'d> {
     reserved_high: Cell<u64>,
     clock: Cell<Duration>,
     live: Cell<(u64, u64)>,
+    /// The allocation log, in the pool's history format, for the memory timeline.
+    history: RefCell<History>,
+    stream_id: u64,
+    start: Instant,
 }
 
 impl<'d> TensorAlloc<'d> for DriverPath<'d> {
@@ -93,6 +113,20 @@ impl<'d> TensorAlloc<'d> for DriverPath<'d> {
         // Every driver allocation holds whole 2 MiB granules: this is the real footprint.
         let held = self.sim.stats().malloc_bytes.saturating_sub(self.baseline.get());
         self.reserved_high.set(self.reserved_high.get().max(held));
+    }
+    fn log(&self, kind: RecordKind, addr: u64, bytes: u64) {
+        // Reserved = what the driver holds for this path: whole granules per allocation.
+        let reserved = self.sim.stats().malloc_bytes.saturating_sub(self.baseline.get());
+        self.history.borrow_mut().push(Record {
+            t_ns: self.start.elapsed().as_nanos() as u64,
+            stream: self.stream_id,
+            offset: addr,
+            size: bytes,
+            requested: if kind == RecordKind::Alloc { bytes } else { 0 },
+            used: self.live.get().0,
+            reserved,
+            ..Record::new(kind)
+        });
     }
 }
 
@@ -420,6 +454,8 @@ struct RunReport {
     used_high: u64,
     wall: Duration,
     weights_load: Duration,
+    /// The run's allocations and frees (activations and KV caches), for its picture.
+    history: History,
 }
 
 fn driver_calls(sim: &SimDevice) -> u64 {
@@ -445,6 +481,9 @@ fn run_driver(npu: &Npu, steps: usize) -> Result<RunReport> {
         reserved_high: Cell::new(0),
         clock: Cell::new(Duration::ZERO),
         live: Cell::new((0, 0)),
+        history: RefCell::new(History::new(1 << 16)),
+        stream_id: s.id(),
+        start: Instant::now(),
     };
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
@@ -467,6 +506,7 @@ fn run_driver(npu: &Npu, steps: usize) -> Result<RunReport> {
         used_high: path.live.get().1,
         wall,
         weights_load,
+        history: path.history.borrow().clone(),
     };
     drop(caches);
     drop(weights);
@@ -495,7 +535,8 @@ fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
     let weights_pool = MemPool::builder().max_size(16 << 30).build(&dev)?;
-    let acts_pool = MemPool::builder().max_size(8 << 30).build(&dev)?;
+    // The history (the last 2^17 events, enough for the whole run) draws the timeline.
+    let acts_pool = MemPool::builder().max_size(8 << 30).history(1 << 17).build(&dev)?;
     let t = Instant::now();
     let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
         .into_iter()
@@ -531,10 +572,23 @@ fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
         used_high: stats.used_high,
         wall,
         weights_load,
+        history: acts_pool.history_log().unwrap_or_else(|| History::new(1)),
     };
     drop(caches);
     drop(weights);
     Ok(report)
+}
+
+/// Draws a run's memory timeline into `dir/<file>`.
+fn write_timeline(dir: &Path, file: &str, r: &RunReport) -> Result<PathBuf> {
+    let title = format!(
+        "LLaMA-7B decode, {}: activations and KV caches over {} steps after the prompt",
+        r.name, r.steps
+    );
+    let path = dir.join(file);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&path, r.history.to_svg(&SvgOptions::titled(title)))?;
+    Ok(path)
 }
 
 fn mib(b: u64) -> String {
@@ -590,6 +644,13 @@ fn main() -> Result<()> {
         "\ntokens of both runs agree over the first {common} steps: {:?}",
         &pool.tokens[..common]
     );
+    let dir = if quick {
+        std::env::temp_dir()
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/img")
+    };
+    let driver_svg = write_timeline(&dir, "llama_decode_driver.svg", &driver)?;
+    let pool_svg = write_timeline(&dir, "llama_decode_pool.svg", &pool)?;
     println!(
         "allocation overhead per step: {:.2} ms (driver) -> {:.3} ms (pool), {:.0}x less",
         driver.alloc_overhead.as_secs_f64() * 1e3 / driver.steps as f64,
@@ -597,5 +658,6 @@ fn main() -> Result<()> {
         (driver.alloc_overhead.as_secs_f64() / driver.steps as f64)
             / (pool.alloc_overhead.as_secs_f64() / pool.steps as f64).max(1e-12)
     );
+    println!("memory timelines: {} and {}", driver_svg.display(), pool_svg.display());
     Ok(())
 }

@@ -65,7 +65,8 @@ const BOTTOM: f64 = 48.0;
 ///   band on top, so the stack's top is the pool's `used`;
 /// - **used** (dark line) and **reserved** (red line over a light area) over time;
 /// - out-of-memory events as red dashed vertical lines;
-/// - axes with units: time since the pool was created (ns/µs/ms/s), memory (B…GiB).
+/// - axes with units: time on the records' clock (for a pool: since it was created;
+///   ns/µs/ms/s), memory (B…GiB).
 ///
 /// The picture is downsampled to one column per pixel: the `used` and `reserved` lines keep
 /// each column's minimum and maximum, and the stack is drawn as it was at the column's peak
@@ -210,7 +211,7 @@ pub fn timeline_svg(records: &[Record], options: &SvgOptions) -> String {
             lx + 16.0,
             xml(label)
         );
-        lx += 16.0 + 7.0 * label.chars().count() as f64 + 18.0;
+        lx += 16.0 + 6.4 * label.chars().count() as f64 + 18.0;
     }
     // Grid and y axis.
     out.push_str("<g class=\"y-axis\" stroke=\"#e0e0e0\">\n");
@@ -253,7 +254,7 @@ pub fn timeline_svg(records: &[Record], options: &SvgOptions) -> String {
     out.push_str("</g>\n");
     let _ = writeln!(
         out,
-        "<text class=\"axis-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time since the pool was created ({tunit})</text>",
+        "<text class=\"axis-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">time ({tunit})</text>",
         LEFT + plot_w / 2.0,
         height - 10.0
     );
