@@ -245,6 +245,12 @@ impl SimDevice {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.reports())
     }
 
+    /// How many allocation generations the sanitizer tracks: `(live, freed)` (diagnostics;
+    /// freed generations are pruned once no task can be attributed to them any more).
+    pub fn sanitizer_generations(&self) -> (usize, usize) {
+        self.core.sanitizer.as_ref().map_or((0, 0), |s| s.generations())
+    }
+
     /// Returns the sanitizer's reports so far and forgets them.
     pub fn take_sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.take_reports())

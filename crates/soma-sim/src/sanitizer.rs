@@ -442,6 +442,12 @@ impl Sanitizer {
         self.poison.is_some()
     }
 
+    /// Live and freed generations tracked (diagnostics).
+    pub(crate) fn generations(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        (st.live.len(), st.freed.len())
+    }
+
     pub(crate) fn reports(&self) -> Vec<SanitizerReport> {
         self.state.lock().reports.clone()
     }
@@ -563,7 +569,7 @@ impl Sanitizer {
             }
         }
         // Newest first (generation ids increase).
-        v.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+        v.sort_by_key(|c| std::cmp::Reverse(c.1 .1));
         v
     }
 
@@ -984,11 +990,32 @@ impl Sanitizer {
         st.freed.retain(|_, g| g.ptr < start || g.ptr >= end);
     }
 
-    /// Drops freed generations that every pending and future task is ordered after.
+    /// Drops freed generations no task can be attributed to any more: those whose free every
+    /// pending and future task is ordered after (the host observed it, and every task
+    /// enqueued before that has run), and those superseded by a newer generation covering
+    /// their whole range that every pending task was enqueued after.
     fn prune(st: &mut State) {
         let min_pending = st.streams.values().filter_map(|s| s.pending.front().copied()).min();
         let now = st.seq;
         let host_observed = st.host_observed.clone();
+        // Superseded: a newer generation covers the whole range and every pending task was
+        // enqueued after it was allocated, so no task can be attributed to the old one.
+        let mut superseded: Vec<(u64, u64)> = Vec::new();
+        for (k, g) in &st.freed {
+            let newer = Self::candidates(st, g.ptr).into_iter().any(|c| {
+                let n = Self::gen(st, &c);
+                c.1 .1 > k.1
+                    && n.ptr <= g.ptr
+                    && n.ptr.saturating_add(n.size) >= g.ptr.saturating_add(g.size)
+                    && min_pending.is_none_or(|m| m > n.alloc.seq)
+            });
+            if newer {
+                superseded.push(*k);
+            }
+        }
+        for k in superseded {
+            st.freed.remove(&k);
+        }
         st.freed.retain(|_, g| {
             let Some(free) = g.free.as_mut() else { return true };
             if free.point.stream == HOST {

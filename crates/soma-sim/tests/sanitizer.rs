@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use soma_sim::hal::{
-    AccessMode, BufferAccess, DeviceHal, DevicePtr, DriverError, EventHal, KernelLaunch, MemRef,
+    AccessMode, BufferAccess, DeviceHal, DevicePtr, DriverError, KernelLaunch, MemRef,
     PoolAnnotation, StreamHal,
 };
 use soma_sim::{Npu, ReportKind, SanitizerMode, SimDevice, SimStream};
@@ -450,4 +450,26 @@ fn many_generations_are_pruned_and_checks_stay_exact() {
     fill(&s2, base, 4096, 1); // still caught
     assert!(s2.synchronize().is_err());
     assert_eq!(dev.sanitizer_reports().len(), 1);
+}
+
+#[test]
+fn generations_stay_bounded_without_host_synchronisation() {
+    // A long same-stream loop never synchronized (and a second stream that never waits):
+    // freed generations superseded by newer ones at the same place are pruned.
+    let dev = device(SanitizerMode::FailStream);
+    let base = pool_range(&dev);
+    let (s1, _s2) = (dev.create_sim_stream().unwrap(), dev.create_sim_stream().unwrap());
+    for i in 0..5000u64 {
+        let p = at(base, (i % 8) * 4096);
+        alloc(&dev, &s1, p, 4096);
+        fill(&s1, p, 4096, i as u8);
+        free(&dev, &s1, p);
+    }
+    let (live, freed) = dev.sanitizer_generations();
+    assert_eq!(live, 0);
+    assert!(freed <= 1024, "{freed} freed generations kept");
+    // Still exact: a use after the last frees is caught.
+    fill(&s1, base, 16, 0);
+    assert!(s1.synchronize().is_err());
+    assert_eq!(kinds(&dev), [ReportKind::UseAfterFree]);
 }
