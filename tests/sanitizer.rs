@@ -453,3 +453,19 @@ fn passthrough_frees_wait_for_the_stream() {
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
     clean(&npu);
 }
+
+#[test]
+fn passthrough_raw_double_free_is_an_error() {
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().passthrough(true).raw_pointers(true).build(&dev).unwrap();
+    let (p, _) = pool.alloc_raw(4096, &s).unwrap();
+    let gate = Gate::close(&s);
+    pool.free_raw(p, &s).unwrap();
+    assert!(pool.free_raw(p, &s).is_err(), "double free while the first is in flight");
+    gate.open();
+    s.synchronize().unwrap();
+    assert!(pool.free_raw(p, &s).is_err(), "double free after the release");
+    clean(&npu);
+}

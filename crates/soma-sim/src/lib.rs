@@ -14,6 +14,7 @@
 //! | driver cost | a [`LatencyModel`], off by default |
 //! | hardware faults | [`Faults`]: fail the k-th driver call or a chosen task |
 //! | product model | [`Product`]: whether CANN's native pool API is supported |
+//! | `compute-sanitizer` | the stream-order [`sanitizer`]: every kernel, copy and memset access checked against pool allocations in stream order ([`NpuBuilder::sanitizer`], `SOMA_SANITIZER`) |
 //!
 //! # Safety model
 //!
