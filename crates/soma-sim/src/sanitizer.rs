@@ -502,17 +502,6 @@ impl Sanitizer {
         Stamp { seq, clock: Arc::clone(&s.clock), tracked }
     }
 
-    /// Marks a stamp's task as accessing device memory: it stays pending (it keeps freed
-    /// generations it may touch from being pruned) until [`retire`](Self::retire).
-    pub(crate) fn on_enqueue_tracked(&self, id: u64, mut stamp: Stamp) -> Stamp {
-        let mut st = self.state.lock();
-        if let Some(s) = st.streams.get_mut(&id) {
-            s.pending.push_back(stamp.seq);
-            stamp.tracked = true;
-        }
-        stamp
-    }
-
     /// A wait enqueued on stream `id` on a record whose clock is `clock`.
     pub(crate) fn on_wait(&self, id: u64, clock: &Clock) {
         let mut st = self.state.lock();

@@ -241,11 +241,22 @@ impl SimStream {
     /// Enqueues the task `make(position)`; the position assignment and the channel send are
     /// atomic together, so positions follow channel order.
     fn enqueue(&self, make: impl FnOnce(u64) -> TaskKind) -> DriverResult<u64> {
-        self.enqueue_stamped(|pos, _| make(pos))
+        let guard = self.tx.lock();
+        let Some(tx) = guard.as_ref() else {
+            return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
+        };
+        let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
+        let kind = make(pos);
+        let stamp = self
+            .shared
+            .san
+            .as_ref()
+            .map(|san| san.on_enqueue(self.shared.id, kind.accesses_device()));
+        self.send(tx, Task { pos, kind, stamp })
     }
 
-    /// As [`enqueue`](Self::enqueue); `make` also gets the sanitizer's clock of the stream
-    /// at the enqueue (records capture it).
+    /// As [`enqueue`](Self::enqueue) for a task that does not access device memory; `make`
+    /// also gets the sanitizer's stamp at the enqueue (records capture its clock).
     fn enqueue_stamped(
         &self,
         make: impl FnOnce(u64, Option<&Stamp>) -> TaskKind,
@@ -255,17 +266,14 @@ impl SimStream {
             return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
         };
         let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
-        let task = match &self.shared.san {
-            None => Task { pos, kind: make(pos, None), stamp: None },
-            Some(san) => {
-                let mut stamp = san.on_enqueue(self.shared.id, false);
-                let kind = make(pos, Some(&stamp));
-                if kind.accesses_device() {
-                    stamp = san.on_enqueue_tracked(self.shared.id, stamp);
-                }
-                Task { pos, kind, stamp: Some(stamp) }
-            }
-        };
+        let stamp = self.shared.san.as_ref().map(|san| san.on_enqueue(self.shared.id, false));
+        let kind = make(pos, stamp.as_ref());
+        self.send(tx, Task { pos, kind, stamp })
+    }
+
+    /// Publishes the task's position and sends it (with the enqueue lock held).
+    fn send(&self, tx: &Sender<Task>, task: Task) -> DriverResult<u64> {
+        let pos = task.pos;
         // Publish the position before the send so that `completed <= enqueued` always holds.
         self.shared.enqueued.store(pos, Ordering::SeqCst);
         if tx.send(task).is_err() {
