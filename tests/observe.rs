@@ -286,6 +286,21 @@ fn trace_csv_round_trips_the_alloc_free_sequence() {
     assert_eq!(ops[0], ('a', 0, 3 * MIB, s1.id()));
     assert_eq!(ops[1], ('a', 1, MIB, s2.id()));
     assert_eq!(ops.iter().filter(|o| o.0 == 'a').count(), 4);
+    // soma-replay's own parser reads it as the same sequence, streams included.
+    let trace = soma_tools::trace::Trace::parse("history", &pool.history_trace_csv()).unwrap();
+    let replayed: Vec<(char, u64, u64, u64)> = trace
+        .ops
+        .iter()
+        .zip(&trace.streams)
+        .map(|(op, &s)| match *op {
+            soma_tools::trace::Op::Alloc { slot, bytes } => {
+                ('a', u64::from(slot), bytes, u64::from(s))
+            }
+            soma_tools::trace::Op::Free { slot } => ('f', u64::from(slot), 0, u64::from(s)),
+        })
+        .collect();
+    assert_eq!(replayed, ops);
+    assert_eq!(trace.stats.peak_live_bytes, 4 * MIB);
     // Replaying it on a fresh pool gives the same used high-water mark.
     let replay = MemPool::builder().max_size(4 * MIB).build(&dev).unwrap();
     let streams: HashMap<u64, &soma::Stream<'_>> = [(s1.id(), &s1), (s2.id(), &s2)].into();
