@@ -469,3 +469,168 @@ fn passthrough_raw_double_free_is_an_error() {
     assert!(pool.free_raw(p, &s).is_err(), "double free after the release");
     clean(&npu);
 }
+
+type Live<'s> = Vec<(u32, soma::PoolAlloc<'s, u32>)>;
+
+/// `steps` random, correct operations: allocations, uses (own stream, and other streams
+/// between events), hand-offs, frees, data checks, events and synchronisations.
+fn random_steps<'s>(
+    seed: u64,
+    steps: u32,
+    dev: &soma::Device,
+    streams: &'s [Stream<'s>],
+    pool: &'s MemPool<'s>,
+    live: &mut Live<'s>,
+) {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let n = streams.len() as u64;
+    for step in 0..steps {
+        match next(10) {
+            0..=2 => {
+                let s = &streams[next(n) as usize];
+                let len = 1 + next(40_000) as usize;
+                let mut a = pool.alloc_async::<u32>(len, s).unwrap();
+                fill_u32(s, &mut a, step);
+                live.push((step, a));
+            }
+            3 if !live.is_empty() => {
+                let i = next(live.len() as u64) as usize;
+                drop(live.swap_remove(i));
+            }
+            4 if !live.is_empty() => {
+                let i = next(live.len() as u64) as usize;
+                let t = &streams[next(n) as usize];
+                t.wait_stream(live[i].1.stream()).unwrap();
+                fill_u32(t, &mut live[i].1, step);
+                live[i].0 = step;
+                // Later uses on the owner stream come after this one (no data race).
+                live[i].1.stream().wait_stream(t).unwrap();
+            }
+            5 if !live.is_empty() => {
+                let i = next(live.len() as u64) as usize;
+                let (v, a) = live.swap_remove(i);
+                let a = a.hand_off(&streams[next(n) as usize]).unwrap();
+                live.push((v, a));
+            }
+            6 if !live.is_empty() => {
+                let i = next(live.len() as u64) as usize;
+                let (v, a) = &live[i];
+                let mut out = vec![0u32; a.len()];
+                a.stream().copy_to_host(a, &mut out).unwrap();
+                assert!(out.iter().all(|x| x == v), "seed {seed} step {step}");
+            }
+            7 => {
+                let (a, b) = (next(n) as usize, next(n) as usize);
+                let e = streams[a].record_event().unwrap();
+                streams[b].wait_event(&e).unwrap();
+                if next(4) == 0 {
+                    e.synchronize().unwrap();
+                }
+            }
+            8 => match next(3) {
+                0 => streams[next(n) as usize].synchronize().unwrap(),
+                1 => dev.synchronize().unwrap(),
+                _ => {
+                    let _ = streams[next(n) as usize].query().unwrap();
+                }
+            },
+            _ => {
+                if let Some((v, a)) = live.last_mut() {
+                    let s = a.stream();
+                    fill_u32(s, a, step);
+                    *v = step;
+                }
+            }
+        }
+    }
+}
+
+fn policy_of(seed: u64) -> ReusePolicy {
+    match seed % 3 {
+        0 => ReusePolicy::NONE,
+        1 => ReusePolicy::default(),
+        _ => ReusePolicy::ALL,
+    }
+}
+
+#[test]
+fn random_correct_programs_run_clean() {
+    // Correct programs over three streams and every reuse policy: no report, and every
+    // allocation keeps its data.
+    for seed in 1..=12u64 {
+        let npu = npu(SanitizerMode::FailStream);
+        let dev = npu.device(0).unwrap();
+        let streams: Vec<Stream<'_>> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+        let pool =
+            MemPool::builder().max_size(256 << 20).reuse(policy_of(seed)).build(&dev).unwrap();
+        let mut live: Live<'_> = Vec::new();
+        random_steps(seed, 600, &dev, &streams, &pool, &mut live);
+        for (v, a) in &live {
+            let mut out = vec![0u32; a.len()];
+            a.stream().copy_to_host(a, &mut out).unwrap();
+            assert!(out.iter().all(|x| x == v), "seed {seed} at the end");
+        }
+        drop(live);
+        dev.synchronize().unwrap();
+        clean(&npu);
+        let st = pool.stats();
+        assert!(st.reuses.total() > 0 || policy_of(seed) == ReusePolicy::NONE, "{st:?}");
+    }
+}
+
+#[test]
+fn planted_bugs_after_random_programs_are_always_caught() {
+    // After a random correct prefix, plant one bug; it must be reported, with its kind.
+    for seed in 1..=9u64 {
+        for bug in 0..4 {
+            let npu = npu(SanitizerMode::Report);
+            let dev = npu.device(0).unwrap();
+            let streams: Vec<Stream<'_>> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+            let pool =
+                MemPool::builder().max_size(256 << 20).reuse(policy_of(seed)).build(&dev).unwrap();
+            let mut live: Live<'_> = Vec::new();
+            random_steps(seed, 200, &dev, &streams, &pool, &mut live);
+            let s = &streams[0];
+            let mut x = pool.alloc_async::<u32>(1000, s).unwrap();
+            fill_u32(s, &mut x, 1);
+            let expected = match bug {
+                0 => {
+                    let p = x.device_ptr();
+                    drop(x);
+                    raw_fill(s, p, 4000, 0);
+                    ReportKind::UseAfterFree
+                }
+                1 => {
+                    raw_fill(s, x.device_ptr(), 4004, 0);
+                    drop(x);
+                    ReportKind::OutOfBounds
+                }
+                2 => {
+                    let t = &streams[1];
+                    t.wait_stream(s).unwrap();
+                    raw_fill(t, x.device_ptr(), 4000, 0);
+                    wait_device_only(t);
+                    drop(x);
+                    ReportKind::FreeNotOrderedAfterUse
+                }
+                _ => {
+                    let p = x.device_ptr();
+                    drop(x);
+                    s.synchronize().unwrap();
+                    let t = &streams[2];
+                    raw_fill(t, p, 4000, 0);
+                    ReportKind::UseAfterFree
+                }
+            };
+            drop(live);
+            dev.synchronize().unwrap();
+            assert_eq!(kinds(&npu), [expected], "seed {seed} bug {bug}");
+        }
+    }
+}
