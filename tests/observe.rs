@@ -451,7 +451,7 @@ fn reset_highs_restarts_from_current_values() {
     let st = pool.stats();
     assert!(st.used_high >= 9 * MIB && st.reserved_high >= 9 * MIB);
     pool.trim_to(0).unwrap();
-    pool.reset_highs();
+    pool.reset_highs().unwrap();
     let st = pool.stats();
     assert_eq!((st.used_high, st.reserved_high), (st.used, st.reserved));
     assert_eq!(st.used, MIB);

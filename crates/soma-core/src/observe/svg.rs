@@ -540,6 +540,36 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_history_is_an_empty_chart() {
+        let svg = timeline_svg(&[], &SvgOptions::default());
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(!svg.contains("class=\"alloc\""));
+    }
+
+    #[test]
+    fn one_allocation_is_one_band_under_the_used_line() {
+        let rec = |t_ns, kind, used| Record {
+            t_ns,
+            size: 1 << 20,
+            used,
+            reserved: 2 << 20,
+            stream: 7,
+            ..Record::new(kind)
+        };
+        let records = [
+            rec(0, RecordKind::Map, 0),
+            rec(1_000, RecordKind::Alloc, 1 << 20),
+            rec(9_000, RecordKind::Free, 0),
+            rec(10_000, RecordKind::Trim, 0),
+        ];
+        let svg = timeline_svg(&records, &SvgOptions::titled("one"));
+        assert_eq!(svg.matches("<path class=\"alloc\"").count(), 1);
+        assert!(svg.contains("1.0 MiB on stream 7 at offset 0x0: 0.001 ms \u{2192} 0.009 ms"));
+        assert!(svg.contains("memory (MiB)") && svg.contains(">time (\u{b5}s)<"));
+        assert!(!svg.contains("class=\"other\""), "no bytes outside the band");
+    }
+
+    #[test]
     fn band_outline_steps_where_the_bottom_moves() {
         let x = |c: f64| c;
         let y = |v: u64| v as f64;

@@ -2,13 +2,16 @@
 
 use std::sync::atomic::Ordering;
 
+use super::attr::{Attribute as _, ReservedMemHigh, UsedMemHigh};
 use super::MemPool;
+use crate::error::Result;
 use crate::observe::{History, Snapshot, SvgOptions};
 
 impl MemPool<'_> {
     /// The pool's mapped memory now: segments (runs of mapped address space) and their
     /// blocks — live, cached on a stream (named by the stream's backend id), or free — with
-    /// totals. O(blocks), under the pool's lock; see [`Snapshot::to_json`].
+    /// totals. O(blocks), under the pool's lock; see [`Snapshot::to_json`]. Empty for a
+    /// [`native`](crate::MemPoolBuilder::native) pool (the driver does not expose its blocks).
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,18 +46,31 @@ impl MemPool<'_> {
 
     /// Restarts the `used` and `reserved` high-water marks from their current values (as
     /// resetting [`attr::UsedMemHigh`](crate::attr::UsedMemHigh) and
-    /// [`attr::ReservedMemHigh`](crate::attr::ReservedMemHigh) does), atomically: e.g. to
-    /// measure the peak of one phase of a program.
-    pub fn reset_highs(&self) {
-        self.core().with_engine(|e| {
+    /// [`attr::ReservedMemHigh`](crate::attr::ReservedMemHigh) does), both under one lock:
+    /// e.g. to measure the peak of one phase of a program.
+    ///
+    /// # Errors
+    /// A sticky error from an earlier failed `Drop`; for a [`native`](crate::MemPoolBuilder::native)
+    /// pool, the driver's error.
+    pub fn reset_highs(&self) -> Result<()> {
+        self.take_sticky()?;
+        let core = self.core();
+        if let Some(native) = &core.native {
+            native.set_attr(UsedMemHigh::ID, 0)?;
+            native.set_attr(ReservedMemHigh::ID, 0)?;
+            return Ok(());
+        }
+        core.with_engine(|e| {
             e.reset_used_high();
             e.reset_reserved_high();
         });
+        Ok(())
     }
 
     /// A copy of the event history ring (it keeps the **last** `capacity` records and counts
     /// the dropped ones), or `None` when the pool was built without
-    /// [`history`](crate::MemPoolBuilder::history). Its methods export it:
+    /// [`history`](crate::MemPoolBuilder::history) (or [`native`](crate::MemPoolBuilder::native)).
+    /// Its methods export it:
     /// [`History::to_json_lines`], [`History::to_chrome_trace`], [`History::to_trace_csv`],
     /// [`History::to_svg`].
     pub fn history_log(&self) -> Option<History> {
