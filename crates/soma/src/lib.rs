@@ -51,6 +51,7 @@
 //! when the host synchronised after the free. See [`ReusePolicy`] and `docs/semantics.md`.
 
 pub use soma_core::hal;
+pub use soma_core::observe;
 pub use soma_core::{
     attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DriverAlloc, Error, Event,
     KernelArg, MemPool, MemPoolBuilder, OomAction, OutOfMemory, PoolAlloc, PoolStats, Result,
