@@ -80,16 +80,10 @@ fn bench<A: Allocator>(
     });
 }
 
-/// The public API on the shared device: a fresh pool per replay (creation not timed).
-struct ApiFactory<'d> {
-    dev: &'d soma::Device,
-}
-
 fn random(c: &mut Criterion) {
     let npu = common::npu();
     let dev = npu.device(0).expect("device");
     let s = dev.create_stream().expect("stream");
-    let api = ApiFactory { dev: &dev };
     let mut slow: Vec<String> = Vec::new();
     let mut g = c.benchmark_group("random_allocations");
     g.sampling_mode(common::REPLAY_SAMPLING);
@@ -123,7 +117,7 @@ fn random(c: &mut Criterion) {
             ));
             // The public API: a fresh pool per replay (pool creation is not timed).
             let api_once = {
-                let pool = MemPool::builder().build(api.dev).expect("pool");
+                let pool = MemPool::builder().build(&dev).expect("pool");
                 let mut a = SomaApi::new(&pool, &s);
                 let t = Instant::now();
                 drop(replay(&mut a, &w.ops, w.slots));
@@ -140,7 +134,7 @@ fn random(c: &mut Criterion) {
                     b.iter_custom(|iters| {
                         let mut total = Duration::ZERO;
                         for _ in 0..iters {
-                            let pool = MemPool::builder().build(api.dev).expect("pool");
+                            let pool = MemPool::builder().build(&dev).expect("pool");
                             let mut a = SomaApi::new(&pool, &s);
                             let t = Instant::now();
                             let handles = replay(&mut a, &w.ops, w.slots);

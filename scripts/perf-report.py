@@ -11,7 +11,8 @@ every other section of the file (e.g. `## soma-sim`) is kept byte for byte.
         > /work/target-bench/soma-bench/llama_decode.txt
     scripts/perf-report.py --target /work/target-bench [--callgrind]
 
-`--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
+The script also runs `soma-replay --json` over every trace with 1, 2 and 4 streams
+(`--no-replay` skips it). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
 10 000 and 20 000 pairs) and reports instructions per alloc+free pair.
 """
 
@@ -138,6 +139,24 @@ def run_callgrind(target):
     with open(os.path.join(target, "soma-bench", "callgrind.json"), "w") as f:
         json.dump(res, f)
     return res
+
+
+def run_replays(target):
+    """soma-replay --json on every trace with 1, 2 and 4 streams -> soma-bench/replay.json."""
+    subprocess.run(["cargo", "build", "--release", "-p", "soma-tools"], cwd=ROOT, check=True,
+                   env=dict(os.environ, CARGO_TARGET_DIR=target))
+    exe = os.path.join(target, "release", "soma-replay")
+    tdir = os.environ.get("SOMA_TRACES", os.path.join(ROOT, "..", "shared", "traces"))
+    paths = sorted(glob.glob(os.path.join(tdir, "*.csv")) + glob.glob(os.path.join(tdir, "*.csv.gz")))
+    rows = []
+    for p in paths:
+        for n in (1, 2, 4):
+            r = subprocess.run([exe, p, "--streams", str(n), "--json"], capture_output=True,
+                               text=True, check=False)
+            if r.returncode == 0 and r.stdout.strip():
+                rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    with open(os.path.join(target, "soma-bench", "replay.json"), "w") as f:
+        json.dump(rows, f)
 
 
 def section(target, crit, cmd_note):
@@ -348,6 +367,21 @@ def section(target, crit, cmd_note):
         w("- The pure offset allocators never unmap: their peak is the high-water mark of the "
           "address they carved; soma maps granules on demand and recycles free segments "
           "(`soma maps / unmaps` are its driver calls).")
+    rp = load_json(target, "replay")
+    if rp:
+        w("")
+        w("The same traces through `soma-replay` (public API, default pool), ops spread "
+          "round-robin over N streams: a free on another stream than the allocation's hands "
+          "the allocation off first (event recorded, waited on), so blocks move between streams "
+          "only through events. Fragmentation = peak reserved / peak live requested.")
+        w("")
+        w("| trace | streams | ns / op | peak reserved MiB | fragmentation | map / unmap | "
+          "cross-stream frees |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
+        for r in rp:
+            w(f"| {r['trace']} | {r['streams']} | {r['ns_per_op']:.0f} | "
+              f"{r['peak_reserved'] / MIB:.0f} | {r['fragmentation_vs_requested']:.3f} | "
+              f"{r['map_calls']} / {r['unmap_calls']} | {r['hand_offs']} |")
     w("")
 
     # ---- 4. multi-stream
@@ -451,6 +485,8 @@ def main():
     ap.add_argument("--callgrind", action="store_true",
                     help="run soma-hotpath under callgrind first")
     ap.add_argument("--command", default=None, help="the command line to quote")
+    ap.add_argument("--no-replay", action="store_true",
+                    help="do not run soma-replay over the traces (1, 2, 4 streams)")
     args = ap.parse_args()
     target = os.path.abspath(args.target)
     crit = load_criterion(target)
@@ -458,6 +494,8 @@ def main():
         sys.exit(f"no criterion output under {target}/criterion: run `cargo bench` first")
     if args.callgrind:
         run_callgrind(target)
+    if not args.no_replay:
+        run_replays(target)
     cmd = args.command or (
         f"CARGO_TARGET_DIR={args.target} cargo bench            # full run; "
         "SOMA_BENCH_QUICK=1 for the ~2-minute smoke run\n"
