@@ -112,8 +112,10 @@ pub enum ReportKind {
     /// that ran before the free was made), or a use running after the free was made that is
     /// neither ordered before nor after it.
     FreeNotOrderedAfterUse,
-    /// A pool handed out a block whose earlier free is neither ordered before the allocation
-    /// nor complete (a pool bug).
+    /// A use of a block that its pool handed out while an earlier free of it was neither
+    /// ordered before the allocation nor complete, where the use is not ordered after that
+    /// free either: it can race with the previous owner's work (a pool bug, or a free made on
+    /// a stream not ordered after its allocation).
     UnorderedReuse,
     /// A pool handed out a block that overlaps a live allocation (a pool bug).
     OverlappingAllocation,
@@ -128,7 +130,9 @@ impl ReportKind {
             ReportKind::Unallocated => "use of unallocated pool memory",
             ReportKind::OutOfBounds => "out-of-bounds access",
             ReportKind::FreeNotOrderedAfterUse => "free not ordered after a use",
-            ReportKind::UnorderedReuse => "block reused before its free is ordered",
+            ReportKind::UnorderedReuse => {
+                "use of a block reused before its earlier free is ordered"
+            }
             ReportKind::OverlappingAllocation => "allocation overlaps a live allocation",
         }
     }
@@ -246,7 +250,10 @@ impl fmt::Display for SanitizerReport {
                 " (the use and the free are not ordered by stream order, events or \
                  synchronisation)"
             }
-            ReportKind::UnorderedReuse => " (the earlier free is neither ordered nor complete)",
+            ReportKind::UnorderedReuse => {
+                " (the earlier free was neither ordered before the allocation nor complete, and \
+                 is not ordered before this use)"
+            }
             ReportKind::OverlappingAllocation => "",
         };
         f.write_str(why)
@@ -327,7 +334,8 @@ struct Gen {
     alloc: Point,
     free: Option<FreeInfo>,
     /// Earlier frees of the range that had not completed when this allocation was made.
-    preds: SmallVec<[Point; 1]>,
+    /// With whether each was ordered before the allocation.
+    preds: SmallVec<[(Point, bool); 1]>,
     /// Highest position per stream of the uses seen so far, with the task name.
     uses: SmallVec<[(u64, u64, &'static str); 2]>,
 }
@@ -642,7 +650,7 @@ impl Sanitizer {
                 }
             }
             if verdict.is_none() && !point_before_task(&g.alloc, &t) {
-                let racing = g.preds.iter().find(|p| !point_before_task(p, &t));
+                let racing = g.preds.iter().map(|p| &p.0).find(|p| !point_before_task(p, &t));
                 if let Some(p) = racing {
                     let other = StreamPoint {
                         what: "earlier free of the block",
@@ -657,6 +665,25 @@ impl Sanitizer {
                         position: g.alloc.pos,
                     };
                     verdict = Some((ReportKind::NotOrderedAfterAlloc, Some(other)));
+                }
+            }
+            if verdict.is_none() {
+                // Ordered after the allocation, but the pool handed the block out before an
+                // earlier free of it was ordered or complete: the use can race with the
+                // previous owner's work.
+                let racing = g
+                    .preds
+                    .iter()
+                    .filter(|p| !p.1)
+                    .map(|p| &p.0)
+                    .find(|p| !point_before_task(p, &t));
+                if let Some(p) = racing {
+                    let other = StreamPoint {
+                        what: "earlier free of the block",
+                        stream: p.stream,
+                        position: p.pos,
+                    };
+                    verdict = Some((ReportKind::UnorderedReuse, Some(other)));
                 }
             }
             if verdict.is_none() && r.addr.saturating_add(r.len) > g.ptr + g.size {
@@ -809,7 +836,7 @@ impl Sanitizer {
         let size = size.max(1);
         let end = ptr.saturating_add(size);
         let mut reports: SmallVec<[SanitizerReport; 1]> = SmallVec::new();
-        let mut preds: SmallVec<[Point; 1]> = SmallVec::new();
+        let mut preds: SmallVec<[(Point, bool); 1]> = SmallVec::new();
         if pool.is_some() {
             let clock = Self::current_clock(&st, stream);
             let alloc_view = TaskView { stream, pos: position + 1, seq: point.seq, clock: &clock };
@@ -822,24 +849,9 @@ impl Sanitizer {
                 if Self::is_complete(&st, &free.point) {
                     continue;
                 }
-                preds.push(free.point);
-                if !point_before_task(&free.point, &alloc_view) {
-                    reports.push(SanitizerReport {
-                        kind: ReportKind::UnorderedReuse,
-                        allocation: Some(g.info()),
-                        stream,
-                        position,
-                        task: "alloc".into(),
-                        other: Some(StreamPoint {
-                            what: "freed",
-                            stream: free.point.stream,
-                            position: free.point.pos,
-                        }),
-                        addr: ptr,
-                        len: size,
-                        write: false,
-                    });
-                }
+                // Not ordered before the allocation either: a use of the new block that is
+                // not ordered after this free can race with the previous owner's work.
+                preds.push((free.point, point_before_task(&free.point, &alloc_view)));
             }
             if let Some((_, g)) = st.live.range(..(end, 0)).next_back() {
                 if g.ptr.saturating_add(g.size) > ptr {

@@ -396,9 +396,19 @@ fn a_reuse_before_the_free_is_ordered_is_reported() {
     fill(&s1, base, 4096, 1);
     free(&dev, &s1, base);
     alloc(&dev, &s2, base, 4096); // a buggy pool: s2 is not ordered after the free
+    assert_eq!(kinds(&dev), [], "reported at the first use, not at the allocation");
+    fill(&s2, base, 4096, 2);
+    s2.synchronize().unwrap();
     assert_eq!(kinds(&dev), [ReportKind::UnorderedReuse]);
     drop(g);
     s1.synchronize().unwrap();
+    // Once s2 is ordered after the earlier free, its uses are clean.
+    let e = dev.create_event().unwrap();
+    s1.record(&*e).unwrap();
+    s2.wait(&*e).unwrap();
+    fill(&s2, base, 4096, 3);
+    s2.synchronize().unwrap();
+    assert_eq!(kinds(&dev), [ReportKind::UnorderedReuse]);
 }
 
 #[test]
