@@ -634,3 +634,36 @@ fn planted_bugs_after_random_programs_are_always_caught() {
         }
     }
 }
+
+#[test]
+fn a_raw_free_on_an_unordered_stream_lets_a_reuse_race_with_the_previous_owner() {
+    // Found by running tests/state_machine.rs under the sanitizer. Block B is used and freed
+    // on s1 (its work still queued), reused on s1 (same stream), then that allocation is
+    // freed raw onto s2, which is not ordered after s1. The pool tags the block with s2's
+    // free only, so s3 (ordered after s2 by an event) gets it, while s1's first owner may
+    // still be running: the sanitizer reports s3's use.
+    let npu = npu(SanitizerMode::Report);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2, s3) =
+        (dev.create_stream().unwrap(), dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder()
+        .reuse(ReusePolicy::new(true, false, false))
+        .raw_pointers(true)
+        .build(&dev)
+        .unwrap();
+    let gate = Gate::close(&s1);
+    let (p, _) = pool.alloc_raw(4096, &s1).unwrap();
+    raw_fill(&s1, p, 4096, 1); // the first owner's work, queued behind the gate
+    pool.free_raw(p, &s1).unwrap();
+    let (q, _) = pool.alloc_raw(4096, &s1).unwrap();
+    assert_eq!(q, p, "same-stream reuse");
+    pool.free_raw(q, &s2).unwrap(); // s2 is not ordered after s1
+    s3.wait_stream(&s2).unwrap();
+    let (r, _) = pool.alloc_raw(4096, &s3).unwrap();
+    assert_eq!(r, p, "reused through s2's free");
+    raw_fill(&s3, r, 4096, 3);
+    s3.synchronize().unwrap();
+    gate.open();
+    dev.synchronize().unwrap();
+    assert_eq!(kinds(&npu), [ReportKind::UnorderedReuse]);
+}
