@@ -698,6 +698,19 @@ fn apply<'d>(
         Op::SyncDevice => {
             m.open_gates();
             sync_device(m, dev)?;
+            // The release threshold applied at the synchronisation: with every free
+            // host-observed and nothing enqueued since, trimming to the threshold now finds
+            // nothing more to release.
+            for (p, pool) in pools.iter().enumerate() {
+                let threshold = pool.get::<attr::ReleaseThreshold>().map_err(|e| e.to_string())?;
+                let released = pool.trim_to(threshold).map_err(|e| e.to_string())?;
+                if released != 0 {
+                    return Err(format!(
+                        "pool {p}: device synchronize left {released} bytes above the \
+                         threshold {threshold} that trim_to(threshold) then released"
+                    ));
+                }
+            }
         }
         Op::QueryStream { stream } => {
             let Some(t) = m.pick(stream) else { return Ok(()) };
@@ -808,6 +821,12 @@ fn check(m: &Model<'_>, pools: &[MemPool<'_>], sim: &soma::sim::SimDevice) -> Re
         }
         if st.free_bytes != st.reserved - st.used || st.pending_bytes > st.free_bytes {
             return bad("free / pending bytes inconsistent");
+        }
+        if st.allocations != st.fresh_allocations + st.reuses.total() {
+            return bad("allocations != fresh + reuses");
+        }
+        if st.allocations - st.frees != st.live_allocations {
+            return bad("allocations - frees != live allocations");
         }
         if st.largest_free_block > st.free_bytes {
             return bad("largest free block above the free bytes");
