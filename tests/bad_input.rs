@@ -381,3 +381,22 @@ fn free_raw_refuses_the_block_of_a_typed_allocation() {
     assert!(matches!(result, Err(Error::InvalidArgument(_))), "{result:?}");
     drop((x, y));
 }
+
+/// One stream more than `MAX_STREAMS` is an error; the backend stream made for it is not
+/// leaked, and a slot freed by dropping a stream is usable again.
+#[test]
+fn too_many_streams_is_an_error_not_a_leak() {
+    let npu = Npu::builder().capacity(1 << 30).build().unwrap();
+    let dev = npu.device(0).unwrap();
+    let sim = npu.sim_device(0).unwrap();
+    let mut streams: Vec<_> =
+        (0..soma::MAX_STREAMS).map(|_| dev.create_stream().unwrap()).collect();
+    let err = dev.create_stream().unwrap_err();
+    assert!(matches!(err, Error::TooManyStreams { max } if max == soma::MAX_STREAMS), "{err}");
+    assert_eq!(sim.stats().live_streams, soma::MAX_STREAMS, "the refused stream's worker leaked");
+    streams.pop();
+    let again = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(POOL_MAX).build(&dev).unwrap();
+    drop(pool.alloc_async::<u8>(16, &again).unwrap());
+    drop(streams);
+}
