@@ -319,3 +319,42 @@ fn compaction_keeps_data_under_cross_stream_churn() {
         assert!(moved > 0);
     }
 }
+
+/// `compact` copies an allocation to its new block on the compacting stream, but does not
+/// order that copy after the allocation's recorded uses on other streams (the free of the old
+/// block is ordered after them; the read of it is not). A write enqueued on another stream
+/// before the compaction then lands in the old block, after the copy: the allocation loses it.
+#[test]
+#[ignore = "bug: compact's copy is not ordered after the allocation's recorded uses on other streams"]
+fn compaction_copies_after_other_streams_uses() {
+    let npu = common::npu_with_capacity(1 << 30);
+    let dev = common::device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let hole = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    let mut x = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    s1.copy_from_host(&mut x, &[1u32; 1024]).unwrap();
+    s1.synchronize().unwrap();
+    drop(hole); // a free block below x, on x's own stream
+    let gate = common::Gate::close(&s2);
+    // s2 writes x after the gate (the use is recorded on x).
+    let ev = s1.record_event().unwrap();
+    s2.wait_event(&ev).unwrap();
+    s2.launch("write_2", &[KernelArg::write(&mut x)], |b| {
+        b.write::<u32>(0)?.fill(2);
+        Ok(())
+    })
+    .unwrap();
+    let old = x.device_ptr();
+    assert_eq!(pool.compact(&s1, &mut [&mut x]).unwrap(), 1);
+    assert!(x.device_ptr() < old, "x moved down");
+    gate.open();
+    let mut out = vec![0u32; 1024];
+    s1.copy_to_host(&x, &mut out).unwrap();
+    s2.synchronize().unwrap();
+    assert!(
+        out.iter().all(|&v| v == 2),
+        "s2's write, enqueued before the compaction, was lost: {}",
+        out[0]
+    );
+}
