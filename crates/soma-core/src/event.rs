@@ -16,9 +16,11 @@ use crate::stream::Stream;
 pub struct Event<'d> {
     device: &'d Device,
     hal: Box<dyn EventHal>,
-    /// Clock of the latest record; the lock also orders record against wait, so a waiter
-    /// never learns a clock newer than the record its wait covers.
-    recorded: Mutex<Option<VectorClock>>,
+    /// Generation and clock of the latest record; the lock also orders record against wait,
+    /// so a waiter never learns a clock newer than the record its wait covers. The
+    /// generation tells `synchronize` / `query` whether the record they waited for is still
+    /// the one whose clock they publish.
+    recorded: Mutex<Option<(u64, VectorClock)>>,
 }
 
 impl<'d> Event<'d> {
@@ -39,7 +41,8 @@ impl<'d> Event<'d> {
     pub(crate) fn record_on(&self, stream: &Stream<'_>) -> Result<()> {
         let mut recorded = self.recorded.lock();
         let clock = stream.record_raw(&*self.hal)?;
-        *recorded = Some(clock);
+        let generation = recorded.as_ref().map_or(1, |r| r.0 + 1);
+        *recorded = Some((generation, clock));
         Ok(())
     }
 
@@ -47,7 +50,7 @@ impl<'d> Event<'d> {
     pub(crate) fn wait_on(&self, stream: &Stream<'_>) -> Result<Option<VectorClock>> {
         let recorded = self.recorded.lock();
         stream.wait_raw(&*self.hal)?;
-        Ok(recorded.clone())
+        Ok(recorded.as_ref().map(|r| r.1.clone()))
     }
 
     /// Whether the latest record has completed (`true` if never recorded).
@@ -55,12 +58,10 @@ impl<'d> Event<'d> {
     /// # Errors
     /// Backend failures.
     pub fn query(&self) -> Result<bool> {
-        let clock = self.recorded.lock().clone();
+        let before = self.recorded.lock().clone();
         let done = self.hal.query()?;
         if done {
-            if let Some(clock) = clock {
-                self.observe(&clock);
-            }
+            self.observe_if_unchanged(before);
         }
         Ok(done)
     }
@@ -71,13 +72,21 @@ impl<'d> Event<'d> {
     /// # Errors
     /// Backend failures.
     pub fn synchronize(&self) -> Result<()> {
-        let clock = self.recorded.lock().clone();
+        let before = self.recorded.lock().clone();
         self.hal.synchronize()?;
-        if let Some(clock) = clock {
-            self.observe(&clock);
-        }
+        self.observe_if_unchanged(before);
         self.device.shared.after_host_sync();
         Ok(())
+    }
+
+    /// Publishes the clock of record `before` as host-observed, but only if no other record
+    /// replaced it meanwhile: the backend waits for the *latest* record, which may be on
+    /// another stream and cover none of `before`'s work.
+    fn observe_if_unchanged(&self, before: Option<(u64, VectorClock)>) {
+        let Some((generation, clock)) = before else { return };
+        if self.recorded.lock().as_ref().is_some_and(|r| r.0 == generation) {
+            self.observe(&clock);
+        }
     }
 
     fn observe(&self, clock: &VectorClock) {

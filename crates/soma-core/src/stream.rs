@@ -123,10 +123,14 @@ impl<'d> Stream<'d> {
     }
 
     pub(crate) fn record_raw(&self, event: &dyn crate::hal::EventHal) -> Result<VectorClock> {
+        // The clock lock spans the enqueue: a wait enqueued after this record cannot join its
+        // knowledge into the snapshot (a record must never claim a later wait's ordering).
+        let clock = self.clock.lock();
         let pos = self.hal.record(event)?;
-        let mut clock = self.clock.lock().clone();
-        clock.raise(self.slot, self.base + pos);
-        Ok(clock)
+        let mut snapshot = clock.clone();
+        drop(clock);
+        snapshot.raise(self.slot, self.base + pos);
+        Ok(snapshot)
     }
 
     /// Makes this stream's later work wait until `event`'s latest record has completed. The
