@@ -83,14 +83,39 @@ fn cross_stream_use_without_an_event() {
     fill_u32(&s1, &mut a, 1); // queued behind the gate
     let ptr = a.device_ptr();
     drop(a);
-    let mut b = pool.alloc_async::<u32>(1024, &s1).unwrap(); // same-stream reuse
+    let b = pool.alloc_async::<u32>(1024, &s1).unwrap(); // same-stream reuse
     assert_eq!(b.device_ptr(), ptr);
-    fill_u32(&s2, &mut b, 2); // the bug: s2 never waited for s1
+    // The bug: s2 writes b through the raw HAL, bypassing soma's API (which would have made
+    // s2 wait for s1's allocation point), so it races with a's queued fill.
+    raw_fill(&s2, b.device_ptr(), 4096, 2);
     sanitizer_failure(s2.synchronize(), "not ordered after the allocation");
     gate.open();
     drop(b);
     s1.synchronize().unwrap();
     assert_eq!(kinds(&npu), [ReportKind::NotOrderedAfterAlloc]);
+}
+
+#[test]
+fn soma_s_api_orders_a_first_use_on_another_stream() {
+    // The same program through soma's kernel API is correct: the first use of b on s2 makes
+    // s2 wait for s1's allocation point, so a's queued fill lands first.
+    let npu = npu(SanitizerMode::FailStream);
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let gate = Gate::close(&s1);
+    let mut a = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    fill_u32(&s1, &mut a, 1);
+    drop(a);
+    let mut b = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    fill_u32(&s2, &mut b, 2);
+    gate.open();
+    let mut out = vec![0u32; 1024];
+    s2.copy_to_host(&b, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 2), "s2's write lands after a's queued fill");
+    drop(b);
+    s1.synchronize().unwrap();
+    assert_eq!(kinds(&npu), []);
 }
 
 #[test]
@@ -299,8 +324,8 @@ fn hand_off_and_automatic_cross_stream_use_recording() {
 
 #[test]
 fn the_pool_suites_cross_stream_write_of_a_fresh_block() {
-    // tests/reuse_rules.rs: x is written on s2 without an event; its block is fresh (no
-    // earlier free to race with), so the default sanitizer accepts it; the strict one does not.
+    // tests/reuse_rules.rs: x is written on s2 without an explicit event; soma's API makes
+    // that first use wait for the allocation point, so both sanitizer modes accept it.
     for strict in [false, true] {
         let npu = Npu::builder()
             .capacity(1 << 30)
@@ -323,9 +348,8 @@ fn the_pool_suites_cross_stream_write_of_a_fresh_block() {
         assert!(out.iter().all(|&v| v == 1));
         drop(y);
         dev.synchronize().unwrap();
-        let expected: &[ReportKind] =
-            if strict { &[ReportKind::NotOrderedAfterAlloc] } else { &[] };
-        assert_eq!(kinds(&npu), expected, "strict = {strict}");
+        // soma orders the first use on s2 after the allocation: clean even in strict mode.
+        assert_eq!(kinds(&npu), [], "strict = {strict}");
     }
 }
 

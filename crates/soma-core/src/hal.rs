@@ -159,8 +159,8 @@ impl KernelError {
 
 /// The device buffers a kernel body sees, in the order of [`KernelLaunch::buffers`].
 ///
-/// A buffer can be borrowed any number of times read-only ([`read`](Self::read), `&[T]`)
-/// or once mutably ([`write`](Self::write), `&mut [T]`, only buffers declared
+/// A buffer can be borrowed any number of times read-only (`read::<T>(i)`, `&[T]`)
+/// or once mutably (`write::<T>(i)`, `&mut [T]`, only buffers declared
 /// [`AccessMode::Write`]), not both. The backend rejects launches whose write buffers overlap
 /// any other buffer, so the slices handed out never alias. The contents of physical memory
 /// do not survive an unmap (the software NPU gives the pages back to the OS).

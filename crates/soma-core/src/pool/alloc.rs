@@ -199,11 +199,17 @@ impl<T> BufferOwner for PoolAlloc<'_, T> {
     }
 
     fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
-        if stream.slot() != self.stream.slot() {
-            let mut uses = self.uses.lock();
-            if !uses.contains(&stream.slot()) {
-                uses.push(stream.slot());
-            }
+        if stream.slot() == self.stream.slot() {
+            return Ok(());
+        }
+        let mut uses = self.uses.lock();
+        if !uses.contains(&stream.slot()) {
+            // First use on this stream: order it after the allocation point. The block may
+            // have been reused on the allocation's stream while its previous owner's work is
+            // still queued there; only stream order makes it this allocation's memory.
+            let event = self.stream.record_event()?;
+            stream.wait_event(&event)?;
+            uses.push(stream.slot());
         }
         Ok(())
     }
