@@ -81,6 +81,11 @@ pub(super) struct FreeIndex {
 }
 
 impl FreeIndex {
+    /// Whether no block is indexed. O(1).
+    pub(super) fn is_empty(&self) -> bool {
+        self.fl_bitmap == 0
+    }
+
     /// An empty index (8.5 KiB; boxed by the engine, created on a stream's first free).
     pub fn new() -> FreeIndex {
         FreeIndex {
