@@ -71,71 +71,28 @@ impl Gate {
 /// One step of a program. Indices are taken modulo what exists, so that shrinking never
 /// produces an invalid program.
 #[derive(Clone, Debug)]
+#[rustfmt::skip]
 enum Op {
-    CreateStream {
-        slot: u8,
-    },
-    DestroyStream {
-        slot: u8,
-    },
-    Alloc {
-        pool: u8,
-        stream: u8,
-        bytes: u32,
-    },
-    Free {
-        which: u8,
-        stream: u8,
-    },
-    Record {
-        stream: u8,
-        event: u8,
-    },
-    Wait {
-        stream: u8,
-        event: u8,
-    },
+    CreateStream { slot: u8 },
+    DestroyStream { slot: u8 },
+    Alloc { pool: u8, stream: u8, bytes: u32 },
+    Free { which: u8, stream: u8 },
+    Record { stream: u8, event: u8 },
+    Wait { stream: u8, event: u8 },
     /// `waiter.wait_stream(on)`: an event recorded on `on` and waited on by `waiter`.
-    WaitStream {
-        waiter: u8,
-        on: u8,
-    },
-    SyncStream {
-        stream: u8,
-    },
-    SyncEvent {
-        event: u8,
-    },
+    WaitStream { waiter: u8, on: u8 },
+    SyncStream { stream: u8 },
+    SyncEvent { event: u8 },
     SyncDevice,
-    QueryStream {
-        stream: u8,
-    },
-    QueryEvent {
-        event: u8,
-    },
-    Trim {
-        pool: u8,
-        mib: u8,
-    },
+    QueryStream { stream: u8 },
+    QueryEvent { event: u8 },
+    Trim { pool: u8, mib: u8 },
     SyncTrimAll,
-    SetReuse {
-        pool: u8,
-        follow: bool,
-        opportunistic: bool,
-        internal: bool,
-    },
-    SetThreshold {
-        pool: u8,
-        mib: u8,
-    },
-    Sleep {
-        stream: u8,
-        ms: u8,
-    },
-    Gate {
-        stream: u8,
-        steps: u8,
-    },
+    SetReuse { pool: u8, follow: bool, opportunistic: bool, internal: bool },
+    SetThreshold { pool: u8, mib: u8 },
+    ResetHighs { pool: u8 },
+    Sleep { stream: u8, ms: u8 },
+    Gate { stream: u8, steps: u8 },
 }
 
 #[derive(Clone, Debug)]
@@ -215,6 +172,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             }
         ),
         1 => (p.clone(), 0u8..160).prop_map(|(pool, mib)| Op::SetThreshold { pool, mib }),
+        1 => p.clone().prop_map(|pool| Op::ResetHighs { pool }),
         2 => (s.clone(), 0u8..3).prop_map(|(stream, ms)| Op::Sleep { stream, ms }),
         6 => (s, 2u8..12).prop_map(|(stream, steps)| Op::Gate { stream, steps }),
     ]
@@ -755,11 +713,25 @@ fn apply<'d>(
             }
         }
         Op::SetReuse { pool, follow, opportunistic, internal } => {
-            pools[pool_of(pool)].set_reuse_policy(ReusePolicy::new(
-                follow,
-                opportunistic,
-                internal,
-            ));
+            let pool = &pools[pool_of(pool)];
+            pool.set_reuse_policy(ReusePolicy::new(follow, opportunistic, internal));
+            let got = (
+                pool.get::<attr::ReuseFollowEventDependencies>().map_err(|e| e.to_string())?,
+                pool.get::<attr::ReuseAllowOpportunistic>().map_err(|e| e.to_string())?,
+                pool.get::<attr::ReuseAllowInternalDependencies>().map_err(|e| e.to_string())?,
+            );
+            if got != (follow, opportunistic, internal) {
+                return Err(format!("reuse attributes read back as {got:?}"));
+            }
+        }
+        Op::ResetHighs { pool } => {
+            let pool = &pools[pool_of(pool)];
+            pool.reset::<attr::UsedMemHigh>().map_err(|e| e.to_string())?;
+            pool.reset::<attr::ReservedMemHigh>().map_err(|e| e.to_string())?;
+            let st = pool.stats();
+            if st.used_high != st.used || st.reserved_high != st.reserved {
+                return Err(format!("a reset high-water mark is not its current value: {st:?}"));
+            }
         }
         Op::SetThreshold { pool, mib } => {
             let pool = &pools[pool_of(pool)];
