@@ -49,6 +49,9 @@ pub(super) struct Block {
     pub tagged: bool,
     /// Live blocks only: log2 of the alignment the block was allocated with.
     pub align_log2: u8,
+    /// Indexed free blocks only: the linear size class (`fl * SL + sl`) whose list holds the
+    /// block — its own class or the one just below (see `tlsf.rs`).
+    pub cls: u16,
 }
 
 impl Block {
@@ -72,6 +75,7 @@ impl Block {
             kind: Kind::Vacant,
             tagged: false,
             align_log2: 0,
+            cls: 0,
         }
     }
 }

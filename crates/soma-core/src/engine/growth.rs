@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::block::{Block, Kind, NIL};
-use super::tlsf::{class_of, SL};
+use super::tlsf::{class_index, SL};
 use super::{
     align_down, align_up, Allocation, Backing, BackingError, Engine, FreeTag, ReuseKind, Segment,
     StreamOrder, StreamSlot,
@@ -283,7 +283,10 @@ impl Engine {
         }
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
-        let (fl0, sl0) = class_of(self.cfg.granularity >> self.unit_shift);
+        // One class below the granule's: a block sits in its own class's list or the one
+        // below (see `tlsf.rs`); smaller blocks cover no segment and add no candidate.
+        let g_cls = class_index(self.cfg.granularity >> self.unit_shift).saturating_sub(1);
+        let (fl0, sl0) = (g_cls / SL, g_cls % SL);
         for ix in self.indexes.iter().flatten() {
             let (mut fl, mut sl) = (fl0, sl0);
             while let Some((f, s)) = ix.first_at_or_above(fl, sl) {

@@ -2,7 +2,7 @@
 
 use super::block::{Kind, NIL};
 use super::ops::index_slot;
-use super::tlsf::{class_of, FL, SL};
+use super::tlsf::{class_index, FL, SL};
 use super::Engine;
 
 macro_rules! ensure {
@@ -172,9 +172,12 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                         index_slot(b.tagged, b.stream) == slot,
                         "block {cur} in the wrong index {slot}"
                     );
+                    let own = class_index(b.size >> e.unit_shift);
+                    let list = fl * SL + sl;
                     ensure!(
-                        class_of(b.size >> e.unit_shift) == (fl, sl),
-                        "block {cur} in the wrong class"
+                        usize::from(b.cls) == list && (own == list || own == list + 1),
+                        "block {cur} in the wrong class (own {own}, list {list}, cls {})",
+                        b.cls
                     );
                     ensure!(b.prev_free == p, "block {cur}: prev_free link");
                     count += 1;

@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::block::{Block, Kind, NIL};
-use super::tlsf::{class_at_least, class_of, FreeIndex, SL};
+use super::tlsf::{class_at_least, class_index, class_of, FreeIndex, SL};
 use super::{
     align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees, ReuseKind,
     StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
@@ -71,7 +71,7 @@ impl Engine {
         let slot = index_slot(b.tagged, b.stream);
         let (size, tagged) = (b.size, b.tagged);
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
-        ix.remove(&mut self.slab.blocks, idx, self.unit_shift);
+        ix.remove(&mut self.slab.blocks, idx);
         self.stats.free_bytes -= size;
         if tagged {
             self.stats.pending_bytes -= size;
@@ -112,6 +112,9 @@ impl Engine {
     ///
     /// O(1).
     pub(super) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
+        if let Some(r) = self.coalesce_in_place(idx) {
+            return r;
+        }
         let mut idx = idx;
         let p = self.slab.blocks[idx as usize].prev;
         if p != NIL && self.mergeable(p, idx) {
@@ -128,6 +131,59 @@ impl Engine {
         }
         self.insert_free(idx);
         idx
+    }
+
+    /// The fast paths of [`Engine::insert_free_coalesce`]: when exactly one neighbour of
+    /// `idx` merges with it and the merged block stays in that neighbour's index and size
+    /// class, the merge happens without touching the index's lists and bitmaps (the merged
+    /// record takes the neighbour's list position). Same result as the general path: the
+    /// lower record survives, tags combine the same way. `None`: nothing done.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    #[inline]
+    fn coalesce_in_place(&mut self, idx: u32) -> Option<u32> {
+        let b = self.slab.blocks[idx as usize];
+        let merge_p = b.prev != NIL && self.mergeable(b.prev, idx);
+        let merge_n = b.next != NIL && self.mergeable(idx, b.next);
+        let (keep, other, indexed) = match (merge_p, merge_n) {
+            // `prev` absorbs `idx` and keeps its list position.
+            (true, false) => (b.prev, idx, b.prev),
+            // `idx` absorbs `next` and takes its list position.
+            (false, true) => (idx, b.next, b.next),
+            _ => return None,
+        };
+        let (k, o) = (self.slab.blocks[keep as usize], self.slab.blocks[other as usize]);
+        let ib = self.slab.blocks[indexed as usize];
+        // The merged tag: tagged if either is; same stream otherwise (mergeable).
+        let (tagged, stream) = if k.tagged { (true, k.stream) } else { (o.tagged, o.stream) };
+        if index_slot(tagged, stream) != index_slot(ib.tagged, ib.stream) {
+            return None;
+        }
+        let merged = k.size + o.size;
+        // The merged block may stay one class above the list that holds it (see `tlsf.rs`).
+        if class_index(merged >> self.unit_shift) > usize::from(ib.cls) + 1 {
+            return None;
+        }
+        let added = merged - ib.size;
+        self.combine_tag(keep, other);
+        let pos = self.slab.blocks[keep as usize].pos;
+        let ix =
+            self.indexes[index_slot(tagged, stream)].as_mut().expect("a free block's index exists");
+        if indexed != keep {
+            ix.replace(&mut self.slab.blocks, indexed, keep);
+        }
+        ix.bytes += added;
+        if tagged {
+            ix.max_pos = ix.max_pos.max(pos);
+        }
+        self.slab.absorb_next(keep, other);
+        self.stats.free_bytes += added;
+        if tagged {
+            self.stats.pending_bytes += added;
+        }
+        Some(keep)
     }
 
     /// Turns `[start, start + size)` of free block `idx` (in no index) into a live block for
@@ -158,6 +214,29 @@ impl Engine {
         } else {
             None
         };
+        // `mid` is live before its neighbours are indexed, so that they do not merge into it.
+        let a = self.make_live(mid, start, size, align, reuse, dependency);
+        if let Some(f) = front {
+            self.insert_free_coalesce(f);
+        }
+        if let Some(t) = tail {
+            self.insert_free_coalesce(t);
+        }
+        a
+    }
+
+    /// Marks unindexed free block `mid` (exactly `[start, start + size)`) live and accounts
+    /// the allocation.
+    #[inline]
+    fn make_live(
+        &mut self,
+        mid: u32,
+        start: u64,
+        size: u64,
+        align: u64,
+        reuse: Option<ReuseKind>,
+        dependency: Option<FreeTag>,
+    ) -> Allocation {
         let generation = {
             let m = &mut self.slab.blocks[mid as usize];
             m.kind = Kind::Live;
@@ -168,12 +247,6 @@ impl Engine {
             m.generation = m.generation.wrapping_add(1);
             m.generation
         };
-        if let Some(f) = front {
-            self.insert_free_coalesce(f);
-        }
-        if let Some(t) = tail {
-            self.insert_free_coalesce(t);
-        }
         let s = &mut self.stats;
         s.used += size;
         s.used_high = s.used_high.max(s.used);
@@ -199,8 +272,28 @@ impl Engine {
         reuse: Option<ReuseKind>,
         dependency: Option<FreeTag>,
     ) -> Allocation {
+        let b = self.slab.blocks[idx as usize];
+        let start = align_up(b.offset, align);
+        if start == b.offset && b.size > size {
+            // Carving the front: when the rest is not below the list that holds the block
+            // (see `tlsf.rs`), the rest takes the block's list position instead of a remove
+            // and a reinsert (it cannot merge with its next neighbour, which did not merge
+            // with the block either).
+            if class_index((b.size - size) >> self.unit_shift) >= usize::from(b.cls) {
+                let t = self.slab.split(idx, start + size);
+                let ix = self.indexes[index_slot(b.tagged, b.stream)]
+                    .as_mut()
+                    .expect("a free block's index exists");
+                ix.replace(&mut self.slab.blocks, idx, t);
+                ix.bytes -= size;
+                self.stats.free_bytes -= size;
+                if b.tagged {
+                    self.stats.pending_bytes -= size;
+                }
+                return self.make_live(idx, start, size, align, reuse, dependency);
+            }
+        }
         self.remove_free(idx);
-        let start = align_up(self.slab.blocks[idx as usize].offset, align);
         self.finish_alloc(idx, start, size, align, reuse, dependency)
     }
 
@@ -396,16 +489,21 @@ impl Engine {
         }
     }
 
-    /// The exact largest free block: the maximum over each index's highest non-empty class.
+    /// The exact largest free block: the maximum over each index's highest non-empty class
+    /// list and the list just below it (a block sits in its own class's list or the one
+    /// below, so the largest block of an index is in one of these two).
     pub(super) fn largest_free_block(&self) -> u64 {
         let mut largest = 0;
         for ix in self.indexes.iter().flatten() {
             if let Some((fl, sl)) = ix.highest() {
-                let mut cur = ix.head(fl, sl);
-                while cur != NIL {
-                    let b = &self.slab.blocks[cur as usize];
-                    largest = largest.max(b.size);
-                    cur = b.next_free;
+                let top = fl * SL + sl;
+                for list in top.saturating_sub(1)..=top {
+                    let mut cur = ix.head_at(list);
+                    while cur != NIL {
+                        let b = &self.slab.blocks[cur as usize];
+                        largest = largest.max(b.size);
+                        cur = b.next_free;
+                    }
                 }
             }
         }

@@ -15,6 +15,14 @@
 //!        ×1       ×1         ×2           ×4       ← class width in units
 //! ```
 //!
+//! A free block sits in the list of its own class or of the class just below (its record's
+//! `cls` names the list): carving the front of a block or merging a neighbour into it keeps
+//! the block where it is as long as that holds, so the alloc + free pair of the hot path
+//! touches no list and no bitmap even when the block straddles a class boundary. A block in
+//! the lower list is larger than that list's class, so every search stays correct (good fit
+//! only ever finds blocks that fit); the largest block of an index is in its highest
+//! non-empty list or the one below.
+//!
 //! Each class spans at most 1/32 of its lower bound, so a good-fit search that starts at the
 //! class above the request wastes at most ~3 %; the engine additionally scans the request's
 //! own class (bounded) to find exact fits such as a just-freed block of the same size.
@@ -40,6 +48,14 @@ pub(super) fn class_of(units: u64) -> (usize, usize) {
         let sl = ((units >> (l - SL_LOG2)) as usize) & (SL - 1);
         (fl, sl)
     }
+}
+
+/// The linear index `fl * SL + sl` of the class of a size of `units` (≥ 1) units; linear
+/// indices are in size order.
+#[inline]
+pub(super) fn class_index(units: u64) -> usize {
+    let (fl, sl) = class_of(units);
+    fl * SL + sl
 }
 
 /// The lowest class whose every member is at least `units` large; `None` on overflow.
@@ -98,6 +114,12 @@ impl FreeIndex {
         }
     }
 
+    /// Head of the list of the class with linear index `slot`.
+    #[inline]
+    pub fn head_at(&self, slot: usize) -> u32 {
+        self.heads[slot]
+    }
+
     /// Head of the list of class `(fl, sl)`.
     #[inline]
     pub fn head(&self, fl: usize, sl: usize) -> u32 {
@@ -120,6 +142,7 @@ impl FreeIndex {
             let b = &mut blocks[idx as usize];
             b.prev_free = NIL;
             b.next_free = old;
+            b.cls = slot as u16;
         }
         if old != NIL {
             blocks[old as usize].prev_free = idx;
@@ -132,15 +155,15 @@ impl FreeIndex {
         self.max_pos = self.max_pos.max(pos);
     }
 
-    /// Unlinks free block `idx` (which must be in this index with its current size).
+    /// Unlinks free block `idx` (which must be in this index, in the list of its `cls`).
     ///
     /// # Time Complexity
     ///
     /// O(1).
-    pub fn remove(&mut self, blocks: &mut [Block], idx: u32, unit_shift: u32) {
+    pub fn remove(&mut self, blocks: &mut [Block], idx: u32) {
         let b = blocks[idx as usize];
-        let (fl, sl) = class_of(b.size >> unit_shift);
-        let slot = fl * SL + sl;
+        let slot = b.cls as usize;
+        let (fl, sl) = (slot / SL, slot % SL);
         if b.prev_free != NIL {
             blocks[b.prev_free as usize].next_free = b.next_free;
         } else {
@@ -164,6 +187,35 @@ impl FreeIndex {
         if self.count == 0 {
             self.max_pos = 0;
         }
+    }
+
+    /// Puts unindexed free block `new` at the list position of indexed block `old`, which
+    /// leaves the index. The caller guarantees that `old`'s list is a valid one for `new`
+    /// (`new`'s own class or the one just below) in this index, and adjusts `bytes` /
+    /// `max_pos` itself (`count` is unchanged).
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) (no bitmap change).
+    #[inline]
+    pub fn replace(&mut self, blocks: &mut [Block], old: u32, new: u32) {
+        let o = blocks[old as usize];
+        if o.prev_free != NIL {
+            blocks[o.prev_free as usize].next_free = new;
+        } else {
+            debug_assert_eq!(self.heads[o.cls as usize], old);
+            self.heads[o.cls as usize] = new;
+        }
+        if o.next_free != NIL {
+            blocks[o.next_free as usize].prev_free = new;
+        }
+        let n = &mut blocks[new as usize];
+        n.prev_free = o.prev_free;
+        n.next_free = o.next_free;
+        n.cls = o.cls;
+        let o = &mut blocks[old as usize];
+        o.prev_free = NIL;
+        o.next_free = NIL;
     }
 
     /// The first non-empty class at or above `(fl, sl)` in size order.
