@@ -457,6 +457,9 @@ fn apply<'d>(
             let pool = &pools[p];
             let policy = pool.reuse_policy();
             let before = pool.stats();
+            let enqueued_before: Vec<(usize, u64)> = (0..m.streams.len())
+                .filter_map(|i| m.streams[i].as_ref().map(|e| (i, e.stream.hal().enqueued())))
+                .collect();
             let result = pool.alloc_raw(u64::from(bytes), &m.entry(t).stream);
             let after = pool.stats();
             if after.oom_retries > before.oom_retries {
@@ -556,23 +559,26 @@ fn apply<'d>(
                         }
                     })
                     .map_err(|e| e.to_string())?;
-                // Learn the inserted ordering: `t` now waits for `inc` up to its latest task.
-                if !m.destroyed.contains(&inc) {
-                    let q = m.hals[&inc].enqueued();
-                    let src_vc = m
-                        .streams
-                        .iter()
-                        .flatten()
-                        .find(|e| e.inc == inc)
-                        .map(|e| e.vc.clone())
-                        .unwrap_or_default();
-                    let e = m.streams[t].as_mut().expect("live");
-                    e.vc.join(&src_vc);
-                    e.vc.raise(inc, q);
-                }
                 m.log.push(format!(
                     "  internal dependency of inc {t_inc} on inc {inc} (free at {pos})"
                 ));
+            }
+            if internal {
+                // Learn the ordering the pool inserted, whatever justified the block in the
+                // model: it recorded an event on the block's stream (the only other stream
+                // whose queue grew during the call) and made `t` wait on it.
+                for (i, n) in enqueued_before {
+                    let Some(src) = m.streams[i].as_ref() else { continue };
+                    let q = src.stream.hal().enqueued();
+                    if i == t || q == n {
+                        continue;
+                    }
+                    let (src_inc, src_vc) = (src.inc, src.vc.clone());
+                    let e = m.streams[t].as_mut().expect("live");
+                    e.vc.join(&src_vc);
+                    e.vc.raise(src_inc, q);
+                    m.log.push(format!("  inc {t_inc} now waits for inc {src_inc} up to {q}"));
+                }
             }
             m.log.push(format!("alloc p{p} {ptr:?}+{size} on inc {t_inc} ({:?})", after.reuses));
             m.live.push(Live { pool: p, ptr, size, inc: t_inc });
@@ -957,6 +963,39 @@ fn scripted_internal_dependency() {
             Op::Free { which: 0, stream: 0 },
             Op::Alloc { pool: 0, stream: 1, bytes: 3 << 20 },
             Op::SyncDevice,
+        ],
+    };
+    run_case(&case).unwrap();
+}
+
+/// Found by the property test (5000 cases): after an internal dependency, the requesting
+/// stream is ordered after the block's stream up to the inserted record, so a later block
+/// freed there before that record is reusable by rule 2. The model must learn the inserted
+/// wait even when it justified the first block by another rule.
+#[test]
+fn scripted_rule_two_after_an_internal_dependency() {
+    let pool = PoolCfg {
+        tight: false,
+        alignment: 512,
+        threshold_mib: 4,
+        follow: true,
+        opportunistic: false,
+        internal: true,
+    };
+    let other = PoolCfg { threshold_mib: 0, follow: false, internal: false, ..pool.clone() };
+    let case = Case {
+        pools: vec![pool, other],
+        streams: 3,
+        ops: vec![
+            Op::Alloc { pool: 0, stream: 0, bytes: 1 },
+            Op::Free { which: 0, stream: 0 },
+            Op::Alloc { pool: 0, stream: 0, bytes: 1048576 },
+            Op::Free { which: 0, stream: 2 },
+            Op::Record { stream: 2, event: 0 },
+            Op::Alloc { pool: 0, stream: 0, bytes: 1045505 },
+            Op::Free { which: 0, stream: 2 },
+            Op::Alloc { pool: 2, stream: 0, bytes: 1048576 },
+            Op::Alloc { pool: 0, stream: 0, bytes: 2561 },
         ],
     };
     run_case(&case).unwrap();
