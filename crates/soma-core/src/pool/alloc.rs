@@ -176,12 +176,13 @@ impl<T> Drop for PoolAlloc<'_, T> {
         if !self.live {
             return;
         }
-        let uses = std::mem::take(&mut *self.uses.lock());
+        // `&mut self`: no other reference exists, so the uses need no lock.
+        let uses = self.uses.get_mut();
         let result = self.pool.core().free_block(
             &self.pool.device().shared,
             (self.block, self.ptr),
             self.stream,
-            &uses,
+            uses,
             None,
         );
         if let Err(e) = result {

@@ -604,8 +604,21 @@ impl PoolCore {
 
     /// Pass-through mode: hands the frees that completed to the engine and releases every
     /// fully free granule.
+    #[inline]
     fn drain_passthrough(&self, device: &DeviceShared, inner: &mut PoolInner) {
-        let Some(p) = &self.passthrough else { return };
+        if let Some(p) = &self.passthrough {
+            self.drain_passthrough_slow(device, inner, p);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drain_passthrough_slow(
+        &self,
+        device: &DeviceShared,
+        inner: &mut PoolInner,
+        p: &passthrough::Passthrough,
+    ) {
         let done = p.take_done();
         if done.is_empty() {
             return;
@@ -715,10 +728,31 @@ impl PoolCore {
             let (engine, mut backing) = inner.parts(self);
             engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
         };
+        let allocation = match first {
+            Ok(a) => a,
+            Err(e) => self.alloc_failed(device, bytes, stream, location, &order, e)?,
+        };
+        self.finish_allocate(device, bytes, stream, location, allocation)
+    }
+
+    /// The rest of a failed first attempt of [`PoolCore::try_allocate`] (cold): out of memory
+    /// with frees pending on other streams waits for them and retries once; otherwise the
+    /// error is reported and recorded.
+    #[cold]
+    #[inline(never)]
+    fn alloc_failed(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        order: &Order<'_>,
+        first: AllocError,
+    ) -> Result<Allocation> {
         // What was pending on other streams before the wait, for the report.
         let mut first_pending = smallvec::SmallVec::new();
         let result = match first {
-            Err(AllocError::OutOfMemory(info)) if !info.pending.is_empty() => {
+            AllocError::OutOfMemory(info) if !info.pending.is_empty() => {
                 first_pending.clone_from(&info.pending);
                 // Wait (without the pool lock) for the streams holding pending frees, then
                 // retry once: their blocks become host-observed and reusable here.
@@ -733,13 +767,13 @@ impl PoolCore {
                 inner.oom_retries += 1;
                 let (engine, mut backing) = inner.parts(self);
                 engine
-                    .alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
+                    .alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
                     .map_err(|e| (e, true))
             }
-            other => other.map_err(|e| (e, false)),
+            other => Err((other, false)),
         };
-        let allocation = match result {
-            Ok(a) => a,
+        match result {
+            Ok(a) => Ok(a),
             Err((e, retried)) => {
                 let oom = matches!(e, AllocError::OutOfMemory(_));
                 let error = self.alloc_error(e, bytes, stream, retried, &first_pending);
@@ -752,9 +786,22 @@ impl PoolCore {
                     crate::observe::trace_oom(&error);
                 }
                 inner.record_full(self, kind, stream.id(), 0, 0, bytes, None, location);
-                return Err(error);
+                Err(error)
             }
-        };
+        }
+    }
+
+    /// The success path of [`PoolCore::try_allocate`]: the dependency an internal-dependency
+    /// reuse needs, annotations and history.
+    #[inline]
+    fn finish_allocate(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        allocation: Allocation,
+    ) -> Result<Allocation> {
         if let Some(tag) = allocation.dependency {
             if let Err(e) = self.insert_dependency(device, tag, stream) {
                 // Give the block back where it came from: its original tag keeps it safe.
