@@ -122,41 +122,41 @@ fn worker<'p>(
         totals.allocations.fetch_add(1, Ordering::Relaxed);
         sign(home, &mut alloc, sig, rng.next(2) == 0);
         let mut signed = Signed { alloc, sig };
-        match rng.next(6) {
-            0 => {
-                // Move it to the thread's other stream or to a shared one.
-                let to = if rng.next(2) == 0 {
-                    &own[0]
-                } else {
-                    &shared[rng.next(shared.len() as u64) as usize]
-                };
-                let moved = signed.alloc.hand_off(to).unwrap();
-                signed = Signed { alloc: moved, sig };
-                totals.hand_offs.fetch_add(1, Ordering::Relaxed);
-            }
-            1 => {
-                // Read it on a shared stream after an event wait: the use is recorded, so
-                // the free (on its own stream) is ordered after the read.
-                let other = &shared[rng.next(shared.len() as u64) as usize];
-                let ev = signed.alloc.stream().record_event().unwrap();
-                other.wait_event(&ev).unwrap();
-                let (len, sig) = (signed.alloc.len(), sig);
-                other
-                    .launch("check", &[KernelArg::read(&signed.alloc)], move |b| {
-                        let x = b.read::<u32>(0)?;
-                        match (0..len).find(|&i| x[i] != expected(sig, i)) {
-                            None => Ok(()),
-                            Some(i) => Err(soma::hal::KernelError::new(format!(
-                                "element {i} is {:#x}, expected {:#x}",
-                                x[i],
-                                expected(sig, i)
-                            ))),
-                        }
-                    })
-                    .unwrap();
-                totals.cross_stream_uses.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
+        // Independent rolls: an allocation handed to a shared stream may then be used on the
+        // other shared stream, so that several threads record events on, and make, the same
+        // shared streams wait at once.
+        if rng.next(3) == 0 {
+            // Move it to the thread's other stream or to a shared one.
+            let to = if rng.next(2) == 0 {
+                &own[0]
+            } else {
+                &shared[rng.next(shared.len() as u64) as usize]
+            };
+            let moved = signed.alloc.hand_off(to).unwrap();
+            signed = Signed { alloc: moved, sig };
+            totals.hand_offs.fetch_add(1, Ordering::Relaxed);
+        }
+        if rng.next(3) == 0 {
+            // Read it on a shared stream after an event wait: the use is recorded, so
+            // the free (on its own stream) is ordered after the read.
+            let other = &shared[rng.next(shared.len() as u64) as usize];
+            let ev = signed.alloc.stream().record_event().unwrap();
+            other.wait_event(&ev).unwrap();
+            let (len, sig) = (signed.alloc.len(), sig);
+            other
+                .launch("check", &[KernelArg::read(&signed.alloc)], move |b| {
+                    let x = b.read::<u32>(0)?;
+                    match (0..len).find(|&i| x[i] != expected(sig, i)) {
+                        None => Ok(()),
+                        Some(i) => Err(soma::hal::KernelError::new(format!(
+                            "element {i} is {:#x}, expected {:#x}",
+                            x[i],
+                            expected(sig, i)
+                        ))),
+                    }
+                })
+                .unwrap();
+            totals.cross_stream_uses.fetch_add(1, Ordering::Relaxed);
         }
         held.push(signed);
         // Keep up to 8 allocations alive; retire a random one (verified first).
