@@ -59,8 +59,8 @@ impl Engine {
         // Recycle only what would raise reserved memory above its all-time high: below it,
         // mapping costs no peak memory and recycling would only add driver calls.
         let over = (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark);
-        self.recycle(over, plan.protect, stream, order, backing);
-        if plan.base.is_none() {
+        let recycled = self.recycle(over, plan.protect, stream, order, backing);
+        if plan.base.is_none() && recycled {
             // Recycling may have opened a lower hole.
             plan = self.plan_new_run(size).expect("recycling only enlarges holes");
         }
@@ -110,19 +110,28 @@ impl Engine {
     fn plan_new_run(&self, size: u64) -> Option<Plan> {
         let run = align_up(size, self.cfg.granularity);
         self.holes.iter().find_map(|(&h0, &h)| {
-            (self.slab.blocks[h as usize].size >= run).then_some(Plan {
-                map_off: h0,
-                map_len: run,
-                alloc_off: h0,
-                base: None,
-                base_left: false,
-                kind: None,
-                protect: (h0, h0 + run),
-            })
+            (self.slab.blocks[h as usize].size >= run).then(|| Self::new_run_at(h0, run))
         })
     }
 
+    /// The plan of a new run of `run` bytes at the start of the hole at `h0`.
+    fn new_run_at(h0: u64, run: u64) -> Plan {
+        Plan {
+            map_off: h0,
+            map_len: run,
+            alloc_off: h0,
+            base: None,
+            base_left: false,
+            kind: None,
+            protect: (h0, h0 + run),
+        }
+    }
+
     /// The extension that maps the fewest granules (ties: lowest address), else a new run.
+    ///
+    /// One pass over the holes in address order that also finds the new run's hole (the
+    /// first that fits); it stops at the first extension of a single granule, which no later
+    /// hole can beat.
     fn plan_growth(
         &self,
         size: u64,
@@ -131,14 +140,22 @@ impl Engine {
         order: &dyn StreamOrder,
     ) -> Option<Plan> {
         let g = self.cfg.granularity;
+        let run = align_up(size, g);
         let mut best: Option<Plan> = None;
-        let mut consider = |p: Plan| {
+        let mut new_run: Option<Plan> = None;
+        let consider = |best: &mut Option<Plan>, p: Plan| {
             if best.is_none_or(|b| p.map_len < b.map_len) {
-                best = Some(p);
+                *best = Some(p);
             }
         };
         for (&h0, &h) in &self.holes {
+            if best.is_some_and(|b| b.map_len <= g) {
+                break;
+            }
             let hb = self.slab.blocks[h as usize];
+            if new_run.is_none() && hb.size >= run {
+                new_run = Some(Self::new_run_at(h0, run));
+            }
             // Extend the free block before the hole to the right.
             if hb.prev != NIL {
                 let l = self.slab.blocks[hb.prev as usize];
@@ -149,15 +166,18 @@ impl Engine {
                         let map_len = align_up(end - h0, g);
                         if map_len <= hb.size {
                             if let Some(kind) = self.eligible_kind(&l, stream, order) {
-                                consider(Plan {
-                                    map_off: h0,
-                                    map_len,
-                                    alloc_off: a,
-                                    base: Some(hb.prev),
-                                    base_left: true,
-                                    kind,
-                                    protect: (l.offset, h0 + map_len),
-                                });
+                                consider(
+                                    &mut best,
+                                    Plan {
+                                        map_off: h0,
+                                        map_len,
+                                        alloc_off: a,
+                                        base: Some(hb.prev),
+                                        base_left: true,
+                                        kind,
+                                        protect: (l.offset, h0 + map_len),
+                                    },
+                                );
                             }
                         }
                     }
@@ -171,21 +191,24 @@ impl Engine {
                     if a >= h0 && a < r.offset && a + size > r.offset {
                         let map_off = align_down(a, g);
                         if let Some(kind) = self.eligible_kind(&r, stream, order) {
-                            consider(Plan {
-                                map_off,
-                                map_len: r.offset - map_off,
-                                alloc_off: a,
-                                base: Some(hb.next),
-                                base_left: false,
-                                kind,
-                                protect: (map_off, r.end()),
-                            });
+                            consider(
+                                &mut best,
+                                Plan {
+                                    map_off,
+                                    map_len: r.offset - map_off,
+                                    alloc_off: a,
+                                    base: Some(hb.next),
+                                    base_left: false,
+                                    kind,
+                                    protect: (map_off, r.end()),
+                                },
+                            );
                         }
                     }
                 }
             }
         }
-        best.or_else(|| self.plan_new_run(size))
+        best.or(new_run)
     }
 
     /// The segment size for a growth of `len` bytes: the largest power of two of at most
@@ -270,6 +293,8 @@ impl Engine {
     /// — until `need` bytes are recycled. Only segments that lie inside one free block are
     /// candidates (found through the free indices' classes of at least one granule).
     /// Unmap errors end recycling silently (nothing was changed by the failed call).
+    ///
+    /// Returns whether anything was unmapped.
     fn recycle(
         &mut self,
         need: u64,
@@ -277,15 +302,16 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
         backing: &mut dyn Backing,
-    ) {
+    ) -> bool {
         if need == 0 || self.segments.is_empty() {
-            return;
+            return false;
         }
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
         // One class below the granule's: a block sits in its own class's list or the one
         // below (see `tlsf.rs`); smaller blocks cover no segment and add no candidate.
-        let g_cls = class_index(self.cfg.granularity >> self.unit_shift).saturating_sub(1);
+        let g = self.cfg.granularity;
+        let g_cls = class_index(g >> self.unit_shift).saturating_sub(1);
         let (fl0, sl0) = (g_cls / SL, g_cls % SL);
         for ix in self.indexes.iter().flatten() {
             let (mut fl, mut sl) = (fl0, sl0);
@@ -293,7 +319,9 @@ impl Engine {
                 let mut cur = ix.head(f, s);
                 while cur != NIL {
                     let b = &self.slab.blocks[cur as usize];
-                    if recyclable_for(b, stream, order) {
+                    // A segment is whole granules aligned to the granularity: a block
+                    // without an aligned granule holds none (skips the range search).
+                    if align_up(b.offset, g) + g <= b.end() && recyclable_for(b, stream, order) {
                         for (&off, seg) in self.segments.range(b.offset..b.end()) {
                             let end = off + seg.size;
                             if end <= b.end() && (end <= protect.0 || off >= protect.1) {
@@ -329,15 +357,18 @@ impl Engine {
         // Highest first: splitting a free block keeps the record of its lower part, so the
         // covering records of lower segments stay valid.
         chosen.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+        let mut unmapped = false;
         for &(off, len, first) in &chosen {
             let token = self.segments[&off].token;
             if backing.unmap(off, len, token).is_err() {
                 break;
             }
             self.unmap_bookkeeping(off, len, first);
+            unmapped = true;
         }
         cands.clear();
         self.scratch = cands;
+        unmapped
     }
 
     /// Replaces `out` with `(offset, size, first covering block)` of every segment, in address
