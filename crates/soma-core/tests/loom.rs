@@ -18,6 +18,12 @@
 //!    free of the *new* incarnation look complete, and a stale tag of the old incarnation is
 //!    complete only with the old writes visible.
 //!
+//! Two more models cover the vector-clock side: a stream's clock against its task queue when
+//! one thread records an event on the stream while another makes it wait
+//! (`a_record_never_claims_a_later_wait`), and `Event::synchronize` against a concurrent
+//! re-record (`event_synchronize_publishes_only_what_it_waited_for`). Both found real races
+//! (fixed in 5065b6b); the models of the code before the fix are kept as `should_panic` tests.
+//!
 //! The models mirror the code in `src/device.rs` and `src/pool/mod.rs` (`Order`) with loom's
 //! types; soma-core itself does not switch to loom types, so a change to the protocol there
 //! must be mirrored here. `relaxed_publication_is_caught` shows the model is sensitive: with
@@ -256,18 +262,19 @@ mod stream_clock {
         )
     }
 
-    /// Today's `s1.record(&E)`: `Event::record_on` locks `E.recorded`, then
+    /// `s1.record(&E)` before 5065b6b: `Event::record_on` locks `E.recorded`, then
     /// `Stream::record_raw` enqueues the record and only then reads the stream's clock.
-    pub fn record_today(s1: &S1, ev: &Events) {
+    pub fn record_before_fix(s1: &S1, ev: &Events) {
         let mut recorded = ev.e.lock().unwrap();
         s1.queue.lock().unwrap().push(Task::RecordE); // hal.record
         let clock = *s1.clock.lock().unwrap(); // self.clock.lock().clone()
         *recorded = Some(clock);
     }
 
-    /// Today's `s1.wait_event(&F)`: `Event::wait_on` enqueues the wait under `F.recorded`,
-    /// then the stream joins the clock under its own lock, separately.
-    pub fn wait_today(s1: &S1, ev: &Events) {
+    /// `s1.wait_event(&F)` (unchanged by 5065b6b): `Event::wait_on` enqueues the wait under
+    /// `F.recorded`, then the stream joins the clock under its own lock, separately. The
+    /// pool's inserted waits (`free_block`, `insert_dependency`) have the same shape.
+    pub fn wait_current(s1: &S1, ev: &Events) {
         let clock = {
             let recorded = ev.f.lock().unwrap();
             s1.queue.lock().unwrap().push(Task::WaitF); // hal.wait
@@ -279,8 +286,19 @@ mod stream_clock {
         }
     }
 
-    /// A fix: the stream's clock lock is held across "enqueue + clock update" in both, and
-    /// taken before the event's lock (one lock order: stream clock, then event).
+    /// `s1.record(&E)` since 5065b6b: `record_on` locks `E.recorded`, then `record_raw`
+    /// holds the stream's clock lock across the enqueue and the snapshot.
+    pub fn record_current(s1: &S1, ev: &Events) {
+        let mut recorded = ev.e.lock().unwrap();
+        let clock = s1.clock.lock().unwrap();
+        s1.queue.lock().unwrap().push(Task::RecordE);
+        let snapshot = *clock;
+        drop(clock);
+        *recorded = Some(snapshot);
+    }
+
+    /// The alternative proposed with the first model: the stream's clock lock held across
+    /// "enqueue + clock update" in both, taken before the event's lock.
     pub fn record_fixed(s1: &S1, ev: &Events) {
         let clock = s1.clock.lock().unwrap();
         let mut recorded = ev.e.lock().unwrap();
@@ -328,10 +346,19 @@ mod stream_clock {
 /// an event of stream X. If the record is enqueued first but reads the stream's clock after
 /// the wait joined X's clock, the event claims an ordering the device does not have, and a
 /// stream waiting on it may be handed X's memory while X still uses it (rule 2).
+///
+/// This was a bug until 5065b6b; the model of the code before it must fail (`should_panic`),
+/// the model of the current code must pass.
 #[test]
-#[ignore = "bug: record_raw reads the stream clock after enqueueing, so a concurrent wait_event can leak into an earlier record"]
+#[should_panic(expected = "E's clock claims X:7")]
+fn a_record_claimed_a_later_wait_before_the_fix() {
+    stream_clock::run(stream_clock::record_before_fix, stream_clock::wait_current);
+}
+
+/// The current `record_raw` (clock lock spanning the enqueue) with the current `wait_event`.
+#[test]
 fn a_record_never_claims_a_later_wait() {
-    stream_clock::run(stream_clock::record_today, stream_clock::wait_today);
+    stream_clock::run(stream_clock::record_current, stream_clock::wait_current);
 }
 
 /// The proposed fix (stream clock lock held across enqueue and clock update, taken before the
@@ -343,18 +370,18 @@ fn fixed_record_and_wait_keep_clock_and_queue_in_step() {
 
 /// `Event::synchronize` (and `Event::query`) read the event's clock, release its lock, then
 /// ask the backend to wait for the event's *latest* record. If another thread re-records the
-/// event on a second stream in between, the host waits for the new record but publishes the
-/// old record's clock as host-observed: the first stream's pending frees become reusable by
-/// every stream while it still runs.
+/// event on a second stream in between, the host waits for the new record; publishing the
+/// old record's clock as host-observed would make the first stream's pending frees reusable
+/// by every stream while it still runs. Since 5065b6b records carry a generation and the
+/// clock is published only if the generation is unchanged after the wait.
 ///
 /// Model: `E` is recorded on `s1`, whose work never completes here; a thread re-records it on
-/// `s2` (complete) while another synchronizes it.
-#[test]
-#[ignore = "bug: Event::synchronize publishes the clock of a record it may not have waited for (concurrent re-record)"]
-fn event_synchronize_publishes_only_what_it_waited_for() {
-    loom::model(|| {
-        // (recorded clock's stream, backend's latest record's stream); s1 = 1, s2 = 2.
-        let recorded = Arc::new(Mutex::new(1u8));
+/// `s2` (complete) while another synchronizes it. Returns what the synchronizing thread
+/// published (`None`: nothing, or it would still be waiting for s1).
+fn event_sync_model(check_generation: bool) {
+    loom::model(move || {
+        // (generation, clock's stream) of the latest record, and the backend's latest record.
+        let recorded = Arc::new(Mutex::new((1u64, 1u8)));
         let hal_latest = Arc::new(Mutex::new(1u8));
         let rerecord = {
             let (recorded, hal_latest) = (Arc::clone(&recorded), Arc::clone(&hal_latest));
@@ -362,16 +389,31 @@ fn event_synchronize_publishes_only_what_it_waited_for() {
                 // Event::record_on(s2): lock `recorded`, enqueue the record, store the clock.
                 let mut r = recorded.lock().unwrap();
                 *hal_latest.lock().unwrap() = 2;
-                *r = 2;
+                *r = (r.0 + 1, 2);
             })
         };
-        // Event::synchronize today: clone the clock, then wait for the latest record.
-        let clock = *recorded.lock().unwrap();
+        let before = *recorded.lock().unwrap();
         let waited_for = *hal_latest.lock().unwrap();
         if waited_for == 2 {
-            // s2's record is complete: the call returns and publishes `clock`.
-            assert_eq!(clock, 2, "published s1's clock after waiting for s2's record");
+            // s2's record is complete: the call returns and publishes (maybe) `before`.
+            let publish = !check_generation || recorded.lock().unwrap().0 == before.0;
+            if publish {
+                assert_eq!(before.1, 2, "published s1's clock after waiting for s2's record");
+            }
         } // else: waiting for s1 would block for ever in this model (s1 never completes).
         rerecord.join().unwrap();
     });
+}
+
+/// The code before 5065b6b published the clock it had read, whatever it waited for.
+#[test]
+#[should_panic(expected = "published s1's clock")]
+fn event_synchronize_published_an_older_record_before_the_fix() {
+    event_sync_model(false);
+}
+
+/// The current code publishes only if the record's generation is unchanged after the wait.
+#[test]
+fn event_synchronize_publishes_only_what_it_waited_for() {
+    event_sync_model(true);
 }
