@@ -695,7 +695,8 @@ impl Engine {
         if bytes == 0 {
             return Err(AllocError::InvalidSize("size 0".into()));
         }
-        let Some(size) = self.round_size(bytes, align) else {
+        // `round_size` with the alignment already validated and raised.
+        let Some(size) = bytes.checked_add(align - 1).map(|b| b & !(align - 1)) else {
             return Err(AllocError::InvalidSize(format!(
                 "size {bytes} overflows when rounded to {align}"
             )));

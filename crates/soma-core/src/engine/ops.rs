@@ -144,21 +144,30 @@ impl Engine {
     /// O(1).
     #[inline]
     fn coalesce_in_place(&mut self, idx: u32) -> Option<u32> {
-        let b = self.slab.blocks[idx as usize];
-        let merge_p = b.prev != NIL && self.mergeable(b.prev, idx);
-        let merge_n = b.next != NIL && self.mergeable(idx, b.next);
+        let blocks = &self.slab.blocks;
+        let b = &blocks[idx as usize];
+        let (prev, next) = (b.prev, b.next);
+        let merge_p = prev != NIL && self.mergeable(prev, idx);
+        let merge_n = next != NIL && self.mergeable(idx, next);
         let (keep, other, indexed) = match (merge_p, merge_n) {
             // `prev` absorbs `idx` and keeps its list position.
-            (true, false) => (b.prev, idx, b.prev),
+            (true, false) => (prev, idx, prev),
             // `idx` absorbs `next` and takes its list position.
-            (false, true) => (idx, b.next, b.next),
+            (false, true) => (idx, next, next),
             _ => return None,
         };
-        let (k, o) = (self.slab.blocks[keep as usize], self.slab.blocks[other as usize]);
-        let ib = self.slab.blocks[indexed as usize];
-        // The merged tag: tagged if either is; same stream otherwise (mergeable).
-        let (tagged, stream) = if k.tagged { (true, k.stream) } else { (o.tagged, o.stream) };
-        if index_slot(tagged, stream) != index_slot(ib.tagged, ib.stream) {
+        let (k, o, ib) =
+            (&blocks[keep as usize], &blocks[other as usize], &blocks[indexed as usize]);
+        // The merged tag (as `combine_tag`): tagged if either is (same stream when both are,
+        // as they merge), keeping the larger position.
+        let tag = match (k.tagged, o.tagged) {
+            (true, true) => Some((k.stream, k.pos.max(o.pos))),
+            (true, false) => Some((k.stream, k.pos)),
+            (false, true) => Some((o.stream, o.pos)),
+            (false, false) => None,
+        };
+        let slot = index_slot(tag.is_some(), tag.map_or(0, |t| t.0));
+        if slot != index_slot(ib.tagged, ib.stream) {
             return None;
         }
         let merged = k.size + o.size;
@@ -167,22 +176,23 @@ impl Engine {
             return None;
         }
         let added = merged - ib.size;
-        self.combine_tag(keep, other);
-        let pos = self.slab.blocks[keep as usize].pos;
-        let ix =
-            self.indexes[index_slot(tagged, stream)].as_mut().expect("a free block's index exists");
+        if let Some((stream, pos)) = tag {
+            let kb = &mut self.slab.blocks[keep as usize];
+            kb.tagged = true;
+            kb.stream = stream;
+            kb.pos = pos;
+        }
+        let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         if indexed != keep {
             ix.replace(&mut self.slab.blocks, indexed, keep);
         }
         ix.bytes += added;
-        if tagged {
+        if let Some((_, pos)) = tag {
             ix.max_pos = ix.max_pos.max(pos);
+            self.stats.pending_bytes += added;
         }
         self.slab.absorb_next(keep, other);
         self.stats.free_bytes += added;
-        if tagged {
-            self.stats.pending_bytes += added;
-        }
         Some(keep)
     }
 
