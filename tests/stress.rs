@@ -8,8 +8,9 @@
 //! signature — or as the software NPU's "concurrent conflicting access" task failure, which
 //! the next synchronize reports.
 //!
-//! `stress_short` runs in CI (about two seconds). `stress_long` runs for `SOMA_STRESS_SECS`
-//! seconds with 8 threads; without the variable it returns at once:
+//! `stress_short` runs in CI (about two seconds), `stress_short_sanitized` one thread with the
+//! software NPU's stream-order sanitizer reporting (half a second). `stress_long` runs for
+//! `SOMA_STRESS_SECS` seconds with 8 threads; without the variable it returns at once:
 //!
 //! ```text
 //! SOMA_STRESS_SECS=300 cargo test --release --test stress stress_long -- --nocapture
@@ -181,7 +182,17 @@ fn worker<'p>(
 
 /// Runs `threads` workers for `duration` on one pool; checks every invariant at the end.
 fn run(threads: u32, duration: Duration, policy: ReusePolicy, max_size: u64) -> Totals {
-    let npu = common::npu_with_capacity(4 << 30);
+    run_on(common::npu_with_capacity(4 << 30), threads, duration, policy, max_size)
+}
+
+/// As [`run`], on a given software NPU (e.g. with the stream-order sanitizer on).
+fn run_on(
+    npu: soma::sim::Npu,
+    threads: u32,
+    duration: Duration,
+    policy: ReusePolicy,
+    max_size: u64,
+) -> Totals {
     let dev = common::device_of(&npu);
     let sim = npu.sim_device(0).unwrap();
     let pool = MemPool::builder().max_size(max_size).reuse(policy).build(&dev).unwrap();
@@ -247,6 +258,49 @@ fn stress_short() {
         report(name, &t);
         assert!(t.verified.load(Ordering::Relaxed) > 0);
     }
+}
+
+/// Runs `threads` workers with the software NPU's stream-order sanitizer reporting (every
+/// kernel and copy access checked against the pool's allocations in stream order: use after
+/// a stream-ordered free, access by a stream not ordered after the allocation, reuse racing
+/// with the previous owner, out of bounds) and asserts it reported nothing.
+fn run_sanitized(threads: u32, duration: Duration) {
+    use soma::sim::{Npu, SanitizerMode};
+    let npu = Npu::builder().capacity(4 << 30).sanitizer(SanitizerMode::Report).build().unwrap();
+    let sim = npu.sim_device(0).unwrap();
+    let t = run_on(npu, threads, duration, ReusePolicy::ALL, 12 << 20);
+    report("sanitized, all rules, tight", &t);
+    let reports = sim.take_sanitizer_reports();
+    let first: Vec<String> = reports.iter().take(3).map(ToString::to_string).collect();
+    assert!(
+        reports.is_empty(),
+        "{} sanitizer reports, the first:\n{}",
+        reports.len(),
+        first.join("\n")
+    );
+}
+
+/// The short stress under the sanitizer, one host thread (see the ignored test below for
+/// several threads sharing streams).
+#[test]
+fn stress_short_sanitized() {
+    run_sanitized(1, Duration::from_millis(500));
+}
+
+/// Several host threads enqueue on the same shared streams under the sanitizer. The pool
+/// stamps a free with the stream's position when it takes the free (`FreeTag`), but its
+/// `PoolAnnotation::Free` re-reads `stream.hal().enqueued()` later, under the pool lock: a
+/// task another thread enqueued on that stream in between moves the sanitizer's free point
+/// after the pool's. When the pool then reuses the block by a rule computed from its own,
+/// earlier tag (seen: opportunistic, the stream had completed up to the tag), the sanitizer
+/// reports `UnorderedReuse` — a false positive, but one that makes sanitizer runs of
+/// multi-threaded programs flaky. Seen about once per 40 s of 8 threads (release); runs for
+/// `SOMA_STRESS_SECS` (default 60) seconds.
+#[test]
+#[ignore = "bug: the pool's Free annotation re-reads the stream position after the tag; concurrent enqueues make the sanitizer report UnorderedReuse"]
+fn sanitizer_is_quiet_with_threads_sharing_streams() {
+    let secs = std::env::var("SOMA_STRESS_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    run_sanitized(8, Duration::from_secs(secs));
 }
 
 #[test]
