@@ -368,7 +368,6 @@ fn bad_input_matrix() {
 /// `raw_pointers` pool it also frees the block of a live typed `PoolAlloc`, which then still
 /// points at memory the pool hands to the next allocation (safe code, two owners).
 #[test]
-#[ignore = "bug: free_raw frees the block of a live typed PoolAlloc (raw_pointers pool)"]
 fn free_raw_refuses_the_block_of_a_typed_allocation() {
     let npu = Npu::builder().capacity(1 << 30).build().unwrap();
     let dev = npu.device(0).unwrap();

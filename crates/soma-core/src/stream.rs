@@ -60,6 +60,12 @@ impl<'d> Stream<'d> {
         self.base + self.hal.enqueued()
     }
 
+    /// The backend's enqueued count and the global position it gives, from one read.
+    pub(crate) fn positions(&self) -> (u64, u64) {
+        let local = self.hal.enqueued();
+        (local, self.base + local)
+    }
+
     pub(crate) fn clock(&self) -> parking_lot::MutexGuard<'_, VectorClock> {
         self.clock.lock()
     }

@@ -159,6 +159,11 @@ impl<T> PoolAlloc<'_, T> {
         (self.len * std::mem::size_of::<T>()) as u64
     }
 
+    /// The other streams that used the allocation so far.
+    pub(crate) fn uses_snapshot(&self) -> SmallVec<[StreamSlot; 2]> {
+        self.uses.lock().clone()
+    }
+
     /// Points the allocation at a new block; returns the old block, pointer and recorded uses.
     pub(crate) fn relocate(
         &mut self,

@@ -344,6 +344,7 @@ impl MemPoolBuilder {
                 oom_retries: 0,
                 ooms: 0,
                 history: (self.history > 0).then(|| History::new(self.history)),
+                raw_blocks: std::collections::HashSet::new(),
             }),
             created: Instant::now(),
             on_oom: self.on_oom,
@@ -366,6 +367,9 @@ pub(crate) struct PoolInner {
     /// Allocations that failed with out of memory (after the retry, if any).
     ooms: u64,
     pub(crate) history: Option<History>,
+    /// Blocks handed out by `alloc_raw` (by block id): only these may be freed by pointer,
+    /// never the block of a live typed `PoolAlloc`.
+    raw_blocks: std::collections::HashSet<BlockId>,
 }
 
 impl PoolInner {
@@ -905,15 +909,15 @@ impl PoolCore {
 
     /// Frees `block` onto `stream`, first making `stream` wait for every other stream that
     /// used the block, so that stream order alone covers all uses.
-    pub(crate) fn free_block(
+    /// Makes `stream` wait on an event recorded on each other stream in `uses` (now), so
+    /// that `stream`'s later work is ordered after every recorded use.
+    pub(crate) fn wait_for_uses(
         &self,
         device: &DeviceShared,
-        granted: (Option<BlockId>, DevicePtr),
         stream: &Stream<'_>,
-        other_uses: &[StreamSlot],
-        location: Option<&'static Location<'static>>,
+        uses: &[StreamSlot],
     ) -> Result<()> {
-        for &user in other_uses {
+        for &user in uses {
             if user == stream.slot() {
                 continue;
             }
@@ -924,6 +928,18 @@ impl PoolCore {
                 stream.clock().raise(user, live.base + pos);
             }
         }
+        Ok(())
+    }
+
+    pub(crate) fn free_block(
+        &self,
+        device: &DeviceShared,
+        granted: (Option<BlockId>, DevicePtr),
+        stream: &Stream<'_>,
+        other_uses: &[StreamSlot],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<()> {
+        self.wait_for_uses(device, stream, other_uses)?;
         let (block, ptr) = granted;
         let Some(block) = block else {
             let native = self.native.as_ref().ok_or_else(|| {
@@ -931,7 +947,10 @@ impl PoolCore {
             })?;
             return Ok(native.free_async(ptr, &**stream.hal())?);
         };
-        let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
+        // One read of the position serves the tag and the sanitizer's annotation: another
+        // thread enqueueing on the stream in between must not move one without the other.
+        let (local, global) = stream.positions();
+        let tag = FreeTag { stream: stream.slot(), pos: global };
         let mut inner = self.inner.lock();
         let info = if self.history_on || self.annotate { inner.engine.block(block) } else { None };
         if self.annotate {
@@ -940,7 +959,7 @@ impl PoolCore {
                     pool: self.id,
                     ptr: self.ptr_at(info.offset),
                     stream: stream.id(),
-                    position: stream.hal().enqueued(),
+                    position: local,
                 });
             }
         }
@@ -1095,6 +1114,9 @@ impl<'d> MemPool<'d> {
         let a = self
             .core
             .allocate(&self.device.shared, bytes, stream, None, &mut |_| OomAction::Fail)?;
+        if let Some(block) = a.block {
+            self.core.inner.lock().raw_blocks.insert(block);
+        }
         Ok((a.ptr, a.size))
     }
 
@@ -1108,11 +1130,14 @@ impl<'d> MemPool<'d> {
         if self.core.native.is_some() {
             return self.core.free_block(&self.device.shared, (None, ptr), stream, &[], None);
         }
-        let block = self.lookup(ptr).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{ptr} is not the start of a live allocation of this pool"
-            ))
-        })?;
+        let block = self
+            .lookup(ptr)
+            .filter(|b| self.core.inner.lock().raw_blocks.remove(b))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{ptr} is not the start of a live raw allocation of this pool"
+                ))
+            })?;
         self.core.free_block(&self.device.shared, (Some(block), ptr), stream, &[], None)
     }
 
@@ -1263,6 +1288,14 @@ impl<'d> MemPool<'d> {
                     let _ = self.core.inner.lock().engine.free(target.block, tag);
                     return Err(e);
                 }
+            }
+            // The copy reads the old block: order it after every other stream's recorded use
+            // (a write enqueued there before the compaction must land first).
+            let uses = a.uses_snapshot();
+            if let Err(e) = self.core.wait_for_uses(&self.device.shared, stream, &uses) {
+                let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
+                let _ = self.core.inner.lock().engine.free(target.block, tag);
+                return Err(e);
             }
             let new_ptr = self.core.ptr_at(target.offset);
             if self.core.annotate {
