@@ -354,10 +354,12 @@ impl Engine {
         let mut cur = ix.head(fl, sl);
         let mut seen = 0;
         let (mut best, mut best_size) = (NIL, u64::MAX);
+        // A block one class above its list (see `tlsf.rs`) is left to the good-fit step.
+        let stale = |b: &Block| class_index(b.size >> self.unit_shift) != usize::from(b.cls);
         while cur != NIL && seen < OWN_CLASS_SCAN {
             let b = &blocks[cur as usize];
             seen += 1;
-            if b.size < best_size && ok(b) && fits(b, size, align) {
+            if b.size < best_size && !stale(b) && ok(b) && fits(b, size, align) {
                 best = cur;
                 best_size = b.size;
                 if b.size == size {
@@ -376,17 +378,34 @@ impl Engine {
         loop {
             let (f, s) = ix.first_at_or_above(fl, sl)?;
             let mut cur = ix.head(f, s);
+            // Prefer a block of the list's own class over one a class above it (which sits
+            // here only because it grew or shrank in place): the first acceptable block of
+            // the list's own class among the first OWN_CLASS_SCAN acceptable ones, else the
+            // first acceptable one — as if the larger blocks were in the next list.
+            let (mut fallback, mut acceptable) = (NIL, 0);
             while cur != NIL {
                 if examined >= budget {
-                    return None;
+                    return (fallback != NIL).then_some(fallback);
                 }
                 examined += 1;
                 let b = &blocks[cur as usize];
                 if ok(b) {
                     debug_assert!(fits(b, size, align));
-                    return Some(cur);
+                    if !stale(b) {
+                        return Some(cur);
+                    }
+                    if fallback == NIL {
+                        fallback = cur;
+                    }
+                    acceptable += 1;
+                    if acceptable >= OWN_CLASS_SCAN {
+                        break;
+                    }
                 }
                 cur = b.next_free;
+            }
+            if fallback != NIL {
+                return Some(fallback);
             }
             if s + 1 < SL {
                 (fl, sl) = (f, s + 1);
