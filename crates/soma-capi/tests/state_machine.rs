@@ -253,6 +253,8 @@ struct Model {
     log: Vec<String>,
     /// The justifications this case needed.
     used: BTreeSet<&'static str>,
+    /// A scratch pool and its live pointers while `Op::ScratchPool` runs (for teardown).
+    scratch: Option<(aclrtMemPool, Vec<u64>)>,
 }
 
 extern "C" fn run_boxed(args: *mut c_void) {
@@ -325,6 +327,7 @@ impl Model {
             violations: Arc::new(Mutex::new(Vec::new())),
             log: Vec::new(),
             used: BTreeSet::new(),
+            scratch: None,
         };
         m.add_stream(0, std::ptr::null_mut());
         Ok(m)
@@ -517,6 +520,9 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             let ptr = try_alloc(bytes as usize, ph, m.st(t).handle)
                 .map_err(|e| format!("aclrtMemPoolMallocAsync: {e} ({})", msg()))?;
             let size = round_up(u64::from(bytes), ALIGN);
+            // Tracked at once, so that a case failing below still frees it at teardown (a
+            // pool with live allocations cannot be destroyed: its address space would leak).
+            m.live.push(Live { pool: p, ptr, bytes: u64::from(bytes), size });
             if ptr == 0 || ptr % ALIGN != 0 {
                 return Err(format!("pointer {ptr:#x} not {ALIGN}-aligned"));
             }
@@ -595,7 +601,6 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                 }
             }
             m.log.push(format!("alloc p{p} {bytes} -> {ptr:#x}+{size} on inc {t}"));
-            m.live.push(Live { pool: p, ptr, bytes: u64::from(bytes), size });
         }
         Op::Free { which, stream } => {
             if m.live.is_empty() {
@@ -746,10 +751,14 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             let s = m.st(t).handle;
             let h = try_pool(&props(64 << 20))
                 .map_err(|e| format!("aclrtMemPoolCreate: {e} ({})", msg()))?;
-            let alloc = |n: usize| {
-                try_alloc(n, h, s).map_err(|e| format!("scratch alloc: {e} ({})", msg()))
+            m.scratch = Some((h, Vec::new()));
+            let alloc = |m: &mut Model, n: usize| {
+                let p =
+                    try_alloc(n, h, s).map_err(|e| format!("scratch alloc: {e} ({})", msg()))?;
+                m.scratch.as_mut().expect("scratch").1.push(p);
+                Ok::<u64, String>(p)
             };
-            let a = alloc(bytes as usize)?;
+            let a = alloc(m, bytes as usize)?;
             let before = attrs(h)?;
             m.must_fail(AclError::ERROR_INVALID_PARAM, "destroy of a scratch pool in use", || {
                 aclrtMemPoolDestroy(h)
@@ -757,10 +766,13 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             if attrs(h)? != before {
                 return Err("a failed destroy changed the scratch pool".into());
             }
-            let b = alloc(512)?;
+            let b = alloc(m, 512)?;
             acl(free(b, s), "scratch free")?;
+            m.scratch.as_mut().expect("scratch").1.retain(|&p| p != b);
             acl(free(a, s), "scratch free")?;
+            m.scratch.as_mut().expect("scratch").1.clear();
             acl(aclrtMemPoolDestroy(h), "aclrtMemPoolDestroy")?;
+            m.scratch = None;
             // The destroy waited for the frees pending on `t`: the engine may count that as
             // a host observation of `t`.
             let pos = m.st(t).tasks;
@@ -883,6 +895,13 @@ fn teardown(m: &mut Model) {
     let _ = aclrtSynchronizeDevice();
     for l in std::mem::take(&mut m.live) {
         let _ = free(l.ptr, std::ptr::null_mut());
+    }
+    if let Some((h, ptrs)) = m.scratch.take() {
+        for p in ptrs {
+            let _ = free(p, std::ptr::null_mut());
+        }
+        let _ = aclrtSynchronizeDevice();
+        let _ = aclrtMemPoolDestroy(h);
     }
     let _ = aclrtSynchronizeDevice();
     for p in std::mem::take(&mut m.pools) {
