@@ -436,7 +436,7 @@ def section(target, crit, cmd_note):
         cont = [r["bytes_per_live"] for r in bk["rows"] if r["layout"] == "contiguous"]
         w(f"- Target: ≤ 64 bytes per live allocation — {verdict(max(cont) <= 64)} for "
           f"contiguous allocations ({max(cont):.1f} B: 56-byte block records in a `Vec` whose "
-          f"doubling leaves up to 2× capacity); a checkerboard holds two records (live + hole) "
+          f"growth by 1/16 leaves ≤ 6 % spare capacity); a checkerboard holds two records (live + hole) "
           f"per live allocation. The caller's handle, `PoolAlloc<u8>`, is "
           f"{bk['pool_alloc_size']} bytes in the caller's own storage.")
     w("")
