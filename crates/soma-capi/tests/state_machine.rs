@@ -8,8 +8,9 @@
 //! that sleep, and the C contract's error paths run against a **shadow model written here**,
 //! which shares no code with the engine:
 //!
-//! * it counts, per stream incarnation, the tasks enqueued (records, waits, host functions,
-//!   and one where the pool may insert an internal dependency) as positions; a free is tagged with its stream's position `m`, and a marker host function
+//! * it counts, per stream incarnation, the tasks *it* enqueued (records, host functions) as
+//!   positions (a lower bound: waits and the pool's inserted tasks are not counted, which
+//!   only makes the reuse checks more permissive); a free is tagged with its stream's position `m`, and a marker host function
 //!   enqueued right after it publishes "this stream has completed `m + 1`";
 //! * it keeps its own vector clocks: a record captures the recorder's clock plus its
 //!   position, a wait joins it, host synchronisations raise a "host observed" bound;
@@ -375,6 +376,11 @@ impl Model {
         *e = (*e).max(pos);
     }
 
+    /// The markers that have run, per stream.
+    fn done_snapshot(&self) -> BTreeMap<Inc, u64> {
+        self.streams.iter().map(|(&i, s)| (i, s.done.load(Ordering::SeqCst))).collect()
+    }
+
     fn observe_all(&mut self) {
         let all: Vec<(Inc, u64)> = self.streams.values().map(|s| (s.inc, s.tasks)).collect();
         for (inc, pos) in all {
@@ -406,8 +412,14 @@ impl Model {
     }
 
     /// Enqueues the model's own task `f` on `inc` (counted as one position).
+    /// When it has run it publishes its position in the stream's `done`.
     fn task(&mut self, inc: Inc, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
-        let h = self.st(inc).handle;
+        let s = self.st(inc);
+        let (h, pos, done) = (s.handle, s.tasks + 1, Arc::clone(&s.done));
+        let f = move || {
+            f();
+            done.fetch_max(pos, Ordering::SeqCst);
+        };
         acl(launch(h, f), "aclrtLaunchHostFunc")?;
         self.st_mut(inc).tasks += 1;
         Ok(())
@@ -450,18 +462,13 @@ impl Model {
         if by_completion && self.completed(f, GRACE) {
             return Some(why_done);
         }
-        // The engine hands out memory of complete frees of other streams that no enabled
-        // rule allows: it recycles (unmaps, then maps again for this request) fully free
-        // segments whatever the rules — see the ignored test
-        // `bug_recycling_ignores_the_reuse_rules` — and the property test also saw such
-        // reuses in granules shared with live allocations. Tolerated here for complete frees
-        // (so that the rest is checked); `strict_recycling` rejects them.
-        if !self.strict_recycling && self.completed(f, GRACE) {
-            return Some(if free_granules {
-                "complete, no rule, fully free granules (bug: recycled)"
-            } else {
-                "complete, no rule, granule shared with live memory (bug?)"
-            });
+        // The engine recycles (unmaps, then maps again for this request) fully free
+        // segments whose frees are complete, whatever the reuse rules: see the ignored test
+        // `bug_recycling_ignores_the_reuse_rules`. Tolerated here — complete frees in
+        // granules without live allocations only — so that the rest is checked;
+        // `strict_recycling` rejects it.
+        if !self.strict_recycling && free_granules && self.completed(f, GRACE) {
+            return Some("recycled in the call (complete, no rule: bug)");
         }
         if sw[2] {
             return Some("internal dependency (verified)");
@@ -625,20 +632,11 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                 }
             }
             if sw[2] {
-                // The pool may have recorded an event on other streams and made `t` wait:
-                // tasks the model counts (a free after them is not complete before them).
-                m.st_mut(t).tasks += 1;
-                for s in &others {
-                    if let Some(src) = m.streams.get_mut(s) {
-                        src.tasks += 1;
-                    }
-                }
                 // The pool may have made `t` wait on an event recorded at the end of any
                 // stream holding freed memory of this pool: learn it as a *maybe* ordering.
                 for s in others {
                     let Some(src) = m.streams.get(&s) else { continue };
-                    // Up to the task before the inserted record (counted above).
-                    let (mut clock, tasks) = (src.mvc.clone(), src.tasks - 1);
+                    let (mut clock, tasks) = (src.mvc.clone(), src.tasks);
                     clock.join(&src.vc);
                     clock.raise(s, tasks);
                     m.st_mut(t).mvc.join(&clock);
@@ -654,10 +652,7 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             let t = m.pick(stream);
             acl(free(l.ptr, m.st(t).handle), "aclrtMemPoolFreeAsync")?;
             let pos = m.st(t).tasks;
-            let done = Arc::clone(&m.st(t).done);
-            m.task(t, move || {
-                done.fetch_max(pos + 1, Ordering::SeqCst);
-            })?;
+            m.task(t, || {})?; // the free's marker, at `pos + 1`
             let epoch = m.pools[l.pool].epoch;
             m.freed[l.pool].push(Freed { start: l.ptr, end: l.ptr + l.size, inc: t, pos, epoch });
             m.freed_ptrs.push(l.ptr);
@@ -679,8 +674,6 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             let t = m.pick(stream);
             let ev = event_handle(m, event)?;
             acl(aclrtStreamWaitEvent(m.st(t).handle, ev), "aclrtStreamWaitEvent")?;
-            // A wait is a task: a free after it is not complete before it.
-            m.st_mut(t).tasks += 1;
             if let Some((_, Some((vc, mvc)))) = m.events[event as usize].clone() {
                 let s = m.st_mut(t);
                 s.vc.join(&vc);
@@ -704,13 +697,15 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             }
         }
         Op::SyncStream { stream } => {
+            let done_before = m.done_snapshot();
             let t = m.pick(stream);
             acl(aclrtSynchronizeStream(m.st(t).handle), "aclrtSynchronizeStream")?;
             let pos = m.st(t).tasks;
             m.observe(t, pos);
-            released(m, "stream synchronised", None)?;
+            released(m, "stream synchronised", None, &done_before, |f| f.inc == t)?;
         }
         Op::SyncEvent { event } => {
+            let done_before = m.done_snapshot();
             let ev = event_handle(m, event)?;
             acl(aclrtSynchronizeEvent(ev), "aclrtSynchronizeEvent")?;
             if let Some((_, Some((vc, _)))) = m.events[event as usize].clone() {
@@ -718,10 +713,15 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                     m.observe(inc, pos);
                 }
             }
-            released(m, "event synchronised", None)?;
+            // A record after the free is after its marker: position > the free's.
+            let clock = m.events[event as usize].clone().and_then(|e| e.1).map(|c| c.0);
+            released(m, "event synchronised", None, &done_before, |f| {
+                clock.as_ref().is_some_and(|c| c.get(f.inc) > f.pos)
+            })?;
         }
         Op::SyncDevice => sync_device(m)?,
         Op::Trim { pool, mib } => {
+            let done_before = m.done_snapshot();
             let p = pool_of(pool);
             let (h, max) = (m.pools[p].handle, m.pools[p].max);
             let n = u64::from(mib) * MIB_U;
@@ -731,7 +731,7 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                 })?;
             } else {
                 acl(aclrtMemPoolTrimTo(h, n as usize), "aclrtMemPoolTrimTo")?;
-                released(m, "trimmed", Some((p, n)))?;
+                released(m, "trimmed", Some((p, n)), &done_before, |_| false)?;
             }
         }
         Op::SetReuse { pool, attr: a, on } => {
@@ -851,18 +851,36 @@ fn event_handle(m: &mut Model, event: u8) -> Result<aclrtEvent, String> {
 fn sync_device(m: &mut Model) -> Result<(), String> {
     acl(aclrtSynchronizeDevice(), "aclrtSynchronizeDevice")?;
     m.observe_all();
-    released(m, "device synchronised", None)
+    released(m, "device synchronised", None, &BTreeMap::new(), |_| true)
 }
 
 /// After a synchronisation (`trim: None`: down to the release threshold) or a trim: a pool
 /// without live allocations whose every free the host has observed completed (so the engine
 /// sees them complete too) holds at most the threshold / the trim's bytes to keep.
-fn released(m: &Model, what: &str, trim: Option<(usize, u64)>) -> Result<(), String> {
+///
+/// A free counts as complete at the call only with evidence that does not depend on the
+/// model's positions (which miss waits and inserted tasks): a host function after its marker
+/// ran before the call
+/// (`done_before`), its stream was destroyed, or `covered` (the call waited for it).
+fn released(
+    m: &Model,
+    what: &str,
+    trim: Option<(usize, u64)>,
+    done_before: &BTreeMap<Inc, u64>,
+    covered: impl Fn(&Freed) -> bool,
+) -> Result<(), String> {
+    let complete = |f: &Freed| {
+        m.destroyed.contains(&f.inc)
+            // A host function after the marker ran, so the marker's task has completed
+            // (the engine counts a task complete only after its function returned).
+            || done_before.get(&f.inc).is_some_and(|&d| d > f.pos + 1)
+            || covered(f)
+    };
     for (p, pool) in m.pools.iter().enumerate() {
         if trim.is_some_and(|(q, _)| q != p) || m.live.iter().any(|l| l.pool == p) {
             continue;
         }
-        if m.freed[p].iter().any(|f| m.observed(f.inc) < f.pos) {
+        if !m.freed[p].iter().all(complete) {
             continue;
         }
         let bound = trim.map_or(pool.threshold, |(_, n)| n);
