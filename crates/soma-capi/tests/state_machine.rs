@@ -199,7 +199,7 @@ impl Vc {
 /// The clocks (definite, maybe) captured by an event's last record.
 type Clocks = (Vc, Vc);
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Live {
     pool: usize,
     ptr: u64,
@@ -208,7 +208,7 @@ struct Live {
 }
 
 /// A byte range whose last event was a free.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Freed {
     start: u64,
     end: u64,
@@ -303,6 +303,22 @@ fn round_up(x: u64, a: u64) -> u64 {
 }
 
 const SWITCHES: [aclrtMemPoolAttr; 3] = [FOLLOW, OPPORTUNISTIC, INTERNAL];
+
+impl fmt::Debug for Freed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Freed {{ {:#x}..{:#x}, inc {}, pos {}, epoch {} }}",
+            self.start, self.end, self.inc, self.pos, self.epoch
+        )
+    }
+}
+
+impl fmt::Debug for Live {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Live {{ p{} {:#x}+{} ({} B) }}", self.pool, self.ptr, self.size, self.bytes)
+    }
+}
 
 impl Model {
     fn new() -> Result<Model, String> {
@@ -1127,8 +1143,11 @@ fn bug_recycling_ignores_the_reuse_rules() {
             Op::Alloc { pool: 0, stream: 2, bytes: 2 << 20 },
         ],
     };
-    match run_case_with(&case, true) {
-        Ok(used) => eprintln!("used {used:?}"),
-        Err(e) => panic!("{e}"),
+    // Whether the engine sees the first free complete at that moment varies from run to run
+    // (in about half of them here): try a few times.
+    for attempt in 0..20 {
+        if let Err(e) = run_case_with(&case, true) {
+            panic!("attempt {attempt}: {e}");
+        }
     }
 }
