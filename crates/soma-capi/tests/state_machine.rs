@@ -392,11 +392,6 @@ impl Model {
         *e = (*e).max(pos);
     }
 
-    /// The markers that have run, per stream.
-    fn done_snapshot(&self) -> BTreeMap<Inc, u64> {
-        self.streams.iter().map(|(&i, s)| (i, s.done.load(Ordering::SeqCst))).collect()
-    }
-
     fn observe_all(&mut self) {
         let all: Vec<(Inc, u64)> = self.streams.values().map(|s| (s.inc, s.tasks)).collect();
         for (inc, pos) in all {
@@ -713,15 +708,13 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             }
         }
         Op::SyncStream { stream } => {
-            let done_before = m.done_snapshot();
             let t = m.pick(stream);
             acl(aclrtSynchronizeStream(m.st(t).handle), "aclrtSynchronizeStream")?;
             let pos = m.st(t).tasks;
             m.observe(t, pos);
-            released(m, "stream synchronised", None, &done_before, |f| f.inc == t)?;
+            released(m, "stream synchronised", None)?;
         }
         Op::SyncEvent { event } => {
-            let done_before = m.done_snapshot();
             let ev = event_handle(m, event)?;
             acl(aclrtSynchronizeEvent(ev), "aclrtSynchronizeEvent")?;
             if let Some((_, Some((vc, _)))) = m.events[event as usize].clone() {
@@ -729,15 +722,10 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                     m.observe(inc, pos);
                 }
             }
-            // A record after the free is after its marker: position > the free's.
-            let clock = m.events[event as usize].clone().and_then(|e| e.1).map(|c| c.0);
-            released(m, "event synchronised", None, &done_before, |f| {
-                clock.as_ref().is_some_and(|c| c.get(f.inc) > f.pos)
-            })?;
+            released(m, "event synchronised", None)?;
         }
         Op::SyncDevice => sync_device(m)?,
         Op::Trim { pool, mib } => {
-            let done_before = m.done_snapshot();
             let p = pool_of(pool);
             let (h, max) = (m.pools[p].handle, m.pools[p].max);
             let n = u64::from(mib) * MIB_U;
@@ -747,7 +735,7 @@ fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
                 })?;
             } else {
                 acl(aclrtMemPoolTrimTo(h, n as usize), "aclrtMemPoolTrimTo")?;
-                released(m, "trimmed", Some((p, n)), &done_before, |_| false)?;
+                released(m, "trimmed", Some((p, n)))?;
             }
         }
         Op::SetReuse { pool, attr: a, on } => {
@@ -867,31 +855,19 @@ fn event_handle(m: &mut Model, event: u8) -> Result<aclrtEvent, String> {
 fn sync_device(m: &mut Model) -> Result<(), String> {
     acl(aclrtSynchronizeDevice(), "aclrtSynchronizeDevice")?;
     m.observe_all();
-    released(m, "device synchronised", None, &BTreeMap::new(), |_| true)
+    released(m, "device synchronised", None)
 }
 
 /// After a synchronisation (`trim: None`: down to the release threshold) or a trim: a pool
-/// without live allocations whose every free the host has observed completed (so the engine
-/// sees them complete too) holds at most the threshold / the trim's bytes to keep.
+/// without live allocations whose every free the host has observed complete holds at most
+/// the threshold / the trim's bytes to keep.
 ///
-/// A free counts as complete at the call only with evidence that does not depend on the
-/// model's positions (which miss waits and inserted tasks): a host function after its marker
-/// ran before the call
-/// (`done_before`), its stream was destroyed, or `covered` (the call waited for it).
-fn released(
-    m: &Model,
-    what: &str,
-    trim: Option<(usize, u64)>,
-    done_before: &BTreeMap<Inc, u64>,
-    covered: impl Fn(&Freed) -> bool,
-) -> Result<(), String> {
-    let complete = |f: &Freed| {
-        m.destroyed.contains(&f.inc)
-            // A host function after the marker ran, so the marker's task has completed
-            // (the engine counts a task complete only after its function returned).
-            || done_before.get(&f.inc).is_some_and(|&d| d > f.pos + 1)
-            || covered(f)
-    };
+/// Observed here means strictly after the free: a stream synchronisation or an event record
+/// at a position above the free's (after its marker), or the stream destroyed. (The model's
+/// positions miss waits and inserted tasks, and the engine may learn of a completion later
+/// than a host function runs, so neither `>=` nor the markers are evidence enough.)
+fn released(m: &Model, what: &str, trim: Option<(usize, u64)>) -> Result<(), String> {
+    let complete = |f: &Freed| m.observed(f.inc) > f.pos;
     for (p, pool) in m.pools.iter().enumerate() {
         if trim.is_some_and(|(q, _)| q != p) || m.live.iter().any(|l| l.pool == p) {
             continue;
