@@ -10,8 +10,9 @@
 //!
 //! * it counts, per stream incarnation, the tasks *it* enqueued (records, host functions) as
 //!   positions (a lower bound: waits and the pool's inserted tasks are not counted, which
-//!   only makes the reuse checks more permissive); a free is tagged with its stream's position `m`, and a marker host function
-//!   enqueued right after it publishes "this stream has completed `m + 1`";
+//!   only makes the reuse checks more permissive); a free is tagged with its stream's
+//!   position `m`, and a marker host function enqueued right after it (at `m + 1`) publishes
+//!   that it ran;
 //! * it keeps its own vector clocks: a record captures the recorder's clock plus its
 //!   position, a wait joins it, host synchronisations raise a "host observed" bound;
 //! * a second, *maybe* clock also joins the waits the pool may have inserted (internal
@@ -22,11 +23,16 @@
 //! live allocations overlap; a new allocation overlapping a freed range is justified by an
 //! enabled rule ([`Model::justify`]); `USED_MEM_CURRENT` = Σ live sizes rounded up to 512 B;
 //! `RESERVED_MEM_CURRENT >= USED`, a whole number of 2 MiB granules, at most the pool size;
-//! high-water marks ≥ currents; attributes read back as set; after a device synchronisation a
-//! pool without live allocations reserves at most its threshold (0 by CANN's default). The C
+//! high-water marks ≥ currents (and equal after a reset); attributes read back as set; after
+//! a stream / event / device synchronisation (or a trim), a pool without live allocations
+//! whose frees the host observed reserves at most its threshold, 0 by CANN's default (or the
+//! trim's bytes to keep). The C
 //! contract: a double free, an interior pointer, a pointer of a destroyed pool, a threshold or
 //! trim above the pool size are errors that change no attribute; `aclrtMemPoolDestroy` with
 //! live allocations fails and the pool stays usable.
+//!
+//! One engine bug is tolerated (reuses by recycling of complete frees that no rule allows);
+//! the ignored test `bug_recycling_ignores_the_reuse_rules` reproduces it.
 //!
 //! Cases: 48 by default (`PROPTEST_CASES` overrides), at most 40 steps each. The tests of this
 //! binary share one runtime and device, so they take a lock (a device synchronisation by one
