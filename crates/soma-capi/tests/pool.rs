@@ -14,13 +14,19 @@ use common::*;
 
 const GIB: usize = 1 << 30;
 
-fn setup() {
+/// Starts the runtime and serialises the tests of this file: they share one process-wide
+/// runtime, and another test's `aclrtSynchronizeDevice` makes every pending free host-observed
+/// (reusable by every stream), which would change the reuse decisions a test asserts.
+fn setup() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     init(&[("SOMA_SIM_CAPACITY", "16G")]);
+    guard
 }
 
 #[test]
 fn lifecycle_round_trip_attributes_destroy() {
-    setup();
+    let _serial = setup();
     let s = stream();
     let pool = pool(64 * MIB);
     let n = 4096usize;
@@ -66,7 +72,7 @@ fn lifecycle_round_trip_attributes_destroy() {
 
 #[test]
 fn create_validation_rules() {
-    setup();
+    let _serial = setup();
     let good = props(64 * MIB);
     let mut cases: Vec<(&str, aclrtMemPoolProps)> = Vec::new();
     let mut p = good;
@@ -147,7 +153,7 @@ fn create_validation_rules() {
 
 #[test]
 fn attributes_defaults_set_get_rules() {
-    setup();
+    let _serial = setup();
     let pool = pool(64 * MIB);
     // CANN defaults, and defaults of never-set attributes.
     assert_eq!(snapshot(pool), vec![0; 8]);
@@ -244,7 +250,7 @@ fn event_reuse(follow: bool, record_before_free: bool, work: bool, size: usize) 
 
 #[test]
 fn reuse_follows_event_dependencies_only_when_switched_on() {
-    setup();
+    let _serial = setup();
     for _ in 0..10 {
         for work in [true, false] {
             for size in [MIB, 2 * MIB] {
@@ -262,7 +268,7 @@ fn reuse_follows_event_dependencies_only_when_switched_on() {
 
 #[test]
 fn same_stream_reuse_is_always_on() {
-    setup();
+    let _serial = setup();
     let pool = pool(64 * MIB);
     let s = stream();
     let p = alloc(MIB, pool, s);
@@ -276,7 +282,7 @@ fn same_stream_reuse_is_always_on() {
 
 #[test]
 fn release_threshold_is_applied_at_the_next_synchronisation() {
-    setup();
+    let _serial = setup();
     // Stream, event and device synchronisations all apply it.
     for how in 0..3 {
         let pool = pool(256 * MIB);
@@ -306,7 +312,7 @@ fn release_threshold_is_applied_at_the_next_synchronisation() {
 
 #[test]
 fn trim_releases_now_but_never_memory_in_use() {
-    setup();
+    let _serial = setup();
     let pool = pool(256 * MIB);
     let s = stream();
     ok(set_u64(pool, THRESHOLD, 256 * MIB as u64));
@@ -335,7 +341,7 @@ fn trim_releases_now_but_never_memory_in_use() {
 
 #[test]
 fn free_async_of_acl_malloc_memory_waits_for_the_stream() {
-    setup();
+    let _serial = setup();
     let s = stream();
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -359,7 +365,7 @@ fn free_async_of_acl_malloc_memory_waits_for_the_stream() {
 
 #[test]
 fn bad_inputs_give_errors_and_leave_the_pool_unchanged() {
-    setup();
+    let _serial = setup();
     let pool = pool(64 * MIB);
     let s = stream();
     ok(set_u64(pool, THRESHOLD, 8 * MIB as u64));
@@ -508,7 +514,7 @@ fn bad_inputs_give_errors_and_leave_the_pool_unchanged() {
 
 #[test]
 fn concurrent_threads_share_one_pool() {
-    setup();
+    let _serial = setup();
     let pool = pool(256 * MIB) as usize;
     let threads: Vec<_> = (0..4)
         .map(|t| {
@@ -540,7 +546,7 @@ fn concurrent_threads_share_one_pool() {
 
 #[test]
 fn destroy_waits_for_pending_frees() {
-    setup();
+    let _serial = setup();
     extern "C" fn slow(_: *mut c_void) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -559,7 +565,7 @@ fn destroy_waits_for_pending_frees() {
 
 #[test]
 fn destroy_racing_with_allocations_never_crashes() {
-    setup();
+    let _serial = setup();
     for _ in 0..20 {
         let pool = pool(64 * MIB) as usize;
         let worker = std::thread::spawn(move || {
@@ -589,7 +595,7 @@ fn destroy_racing_with_allocations_never_crashes() {
 
 #[test]
 fn null_stream_is_the_default_stream() {
-    setup();
+    let _serial = setup();
     let pool = pool(16 * MIB);
     let null = std::ptr::null_mut();
     let p = alloc(MIB, pool, null);
@@ -613,7 +619,7 @@ extern "C" fn block_until(arg: *mut c_void) {
 
 #[test]
 fn opportunistic_reuse_after_the_free_completed_on_the_device() {
-    setup();
+    let _serial = setup();
     for opportunistic in [1, 0] {
         let pool = pool(64 * MIB);
         ok(set_u32(pool, OPPORTUNISTIC, opportunistic));
@@ -639,7 +645,7 @@ fn opportunistic_reuse_after_the_free_completed_on_the_device() {
 
 #[test]
 fn internal_dependencies_reuse_without_waiting_on_the_host() {
-    setup();
+    let _serial = setup();
     static RELEASE: [std::sync::atomic::AtomicBool; 2] =
         [std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicBool::new(false)];
     for (i, internal) in [1u32, 0].into_iter().enumerate() {
