@@ -653,6 +653,18 @@ impl Engine {
         bytes.checked_add(align - 1).map(|b| b & !(align - 1))
     }
 
+    /// Rule 4: takes the best other stream's cached block that fits, returning the allocation
+    /// with the dependency the caller must insert.
+    fn take_internal_dependency(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+    ) -> Option<Allocation> {
+        let (idx, tag) = self.find_internal_dependency(size, align, stream)?;
+        Some(self.commit_cached(idx, size, align, Some(ReuseKind::InternalDependency), Some(tag)))
+    }
+
     /// Allocates `bytes` (rounded per [`Engine::round_size`]) aligned to `align` for stream
     /// `stream`, reusing cached memory when a rule allows it and mapping granules through
     /// `backing` otherwise. See the [module docs](self) for the exact search order.
@@ -711,14 +723,8 @@ impl Engine {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
         if self.dependency_first && order.internal_dependencies() {
-            if let Some((idx, tag)) = self.find_internal_dependency(size, align, stream) {
-                return Ok(self.commit_cached(
-                    idx,
-                    size,
-                    align,
-                    Some(ReuseKind::InternalDependency),
-                    Some(tag),
-                ));
+            if let Some(a) = self.take_internal_dependency(size, align, stream) {
+                return Ok(a);
             }
         }
         match self.grow(size, align, stream, order, backing) {
@@ -730,16 +736,8 @@ impl Engine {
                 if let Ok(released) = self.release(keep, order, backing) {
                     if released > 0 {
                         if self.dependency_first && order.internal_dependencies() {
-                            if let Some((idx, tag)) =
-                                self.find_internal_dependency(size, align, stream)
-                            {
-                                return Ok(self.commit_cached(
-                                    idx,
-                                    size,
-                                    align,
-                                    Some(ReuseKind::InternalDependency),
-                                    Some(tag),
-                                ));
+                            if let Some(a) = self.take_internal_dependency(size, align, stream) {
+                                return Ok(a);
                             }
                         }
                         match self.grow(size, align, stream, order, backing) {
@@ -754,14 +752,8 @@ impl Engine {
             }
         }
         if order.internal_dependencies() {
-            if let Some((idx, tag)) = self.find_internal_dependency(size, align, stream) {
-                return Ok(self.commit_cached(
-                    idx,
-                    size,
-                    align,
-                    Some(ReuseKind::InternalDependency),
-                    Some(tag),
-                ));
+            if let Some(a) = self.take_internal_dependency(size, align, stream) {
+                return Ok(a);
             }
         }
         self.stats.ooms += 1;
