@@ -402,3 +402,37 @@ fn native_pools_need_a_backend_with_cann_s_pool_api() {
         "{err}"
     );
 }
+
+#[test]
+fn without_vmm_a_pool_falls_back_to_one_malloc_segment() {
+    let npu = soma::sim::Npu::builder().capacity(64 * MIB).vmm(false).build().unwrap();
+    let dev = device_of(&npu);
+    let sim = npu.sim_device(0).unwrap();
+    assert!(!dev.info().supports_vmm);
+    let s = dev.create_stream().unwrap();
+    let free_before = dev.mem_info().unwrap().free;
+    {
+        let pool = MemPool::builder().max_size(16 * MIB).build(&dev).unwrap();
+        // The whole range is taken at creation with the driver's malloc.
+        assert_eq!(free_before - dev.mem_info().unwrap().free, 16 * MIB);
+        assert_eq!(sim.stats().calls.map, 0, "no VMM call was made");
+        let mut x = pool.alloc_async::<u32>(1 << 18, &s).unwrap();
+        s.copy_from_host(&mut x, &vec![5u32; 1 << 18]).unwrap();
+        let mut out = vec![0u32; 1 << 18];
+        s.copy_to_host(&x, &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 5));
+        let ptr = x.device_ptr();
+        drop(x);
+        let y = pool.alloc_async::<u32>(1 << 18, &s).unwrap();
+        assert_eq!(y.device_ptr(), ptr, "same-stream reuse inside the segment");
+        assert_eq!(pool.get::<attr::UsedMemCurrent>().unwrap(), MIB);
+        assert!(matches!(
+            pool.alloc_async::<u8>(16 * MIB as usize, &s),
+            Err(Error::OutOfMemory(_))
+        ));
+        drop(y);
+        s.synchronize().unwrap();
+        pool.trim_to(0).unwrap();
+    }
+    assert_eq!(dev.mem_info().unwrap().free, free_before, "dropping the pool frees the segment");
+}

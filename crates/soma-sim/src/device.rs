@@ -317,6 +317,18 @@ impl SimDevice {
             .ok_or_else(|| DriverError::InvalidValue(format!("size {size} overflows")))
     }
 
+    /// Virtual memory management calls on a device model without it.
+    fn check_vmm(&self) -> DriverResult<()> {
+        if self.core.info.supports_vmm {
+            Ok(())
+        } else {
+            Err(DriverError::Unsupported(
+                "this device has no virtual memory management (reserve / physical allocation / map)"
+                    .into(),
+            ))
+        }
+    }
+
     fn check_granular(&self, size: u64) -> DriverResult<()> {
         let g = self.core.info.granularity;
         if size == 0 || size % g != 0 {
@@ -351,6 +363,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn reserve(&self, size: u64) -> DriverResult<DevicePtr> {
+        self.check_vmm()?;
         bump(&self.core.calls.reserve);
         self.check_granular(size)?;
         let mut st = self.core.state.lock();
@@ -367,6 +380,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn release(&self, base: DevicePtr) -> DriverResult<()> {
+        self.check_vmm()?;
         bump(&self.core.calls.release);
         let a = base.addr();
         let mut st = self.core.state.lock();
@@ -391,6 +405,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle> {
+        self.check_vmm()?;
         bump(&self.core.calls.alloc_physical);
         sleep(self.core.latency().driver_alloc);
         self.check_granular(size)?;
@@ -409,6 +424,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn free_physical(&self, handle: PhysicalHandle) -> DriverResult<()> {
+        self.check_vmm()?;
         bump(&self.core.calls.free_physical);
         let mut st = self.core.state.lock();
         match st.physical.get(&handle.0) {
@@ -427,6 +443,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()> {
+        self.check_vmm()?;
         bump(&self.core.calls.map);
         sleep(self.core.latency().map);
         if self.core.faults.hit(FaultKind::Map) {
@@ -467,6 +484,7 @@ impl DeviceHal for SimDevice {
     }
 
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle> {
+        self.check_vmm()?;
         bump(&self.core.calls.unmap);
         sleep(self.core.latency().map);
         let a = va.addr();

@@ -199,6 +199,7 @@ pub struct NpuBuilder {
     product: Product,
     latency: LatencyModel,
     address_space: Option<u64>,
+    vmm: bool,
     sanitizer: SanitizerConfig,
 }
 
@@ -223,6 +224,7 @@ impl Default for NpuBuilder {
             product: Product::AtlasA2,
             latency: LatencyModel::none(),
             address_space: None,
+            vmm: true,
             sanitizer: match SanitizerMode::from_env() {
                 Some(mode) => SanitizerConfig { mode, print: true, ..SanitizerConfig::default() },
                 None => SanitizerConfig::default(),
@@ -268,6 +270,14 @@ impl NpuBuilder {
     /// as the device plus `malloc`). Only address space: no memory is committed.
     pub fn address_space(mut self, bytes: u64) -> Self {
         self.address_space = Some(bytes);
+        self
+    }
+
+    /// Whether the devices offer virtual memory management (reserve / physical allocation /
+    /// map, default on, as on Atlas A2). Off models a product without it: those calls answer
+    /// `Unsupported` and pools fall back to one `malloc` segment.
+    pub fn vmm(mut self, on: bool) -> Self {
+        self.vmm = on;
         self
     }
 
@@ -353,7 +363,7 @@ impl NpuBuilder {
                     granularity: g,
                     product: self.product.name().into(),
                     supports_native_pool: self.product.supports_native_pool(),
-                    supports_vmm: true,
+                    supports_vmm: self.vmm,
                 };
                 SimDevice::new(info, space, self.latency, self.sanitizer).map(Arc::new)
             })

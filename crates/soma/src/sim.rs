@@ -71,6 +71,12 @@ impl NpuBuilder {
         NpuBuilder { inner: self.inner.sanitizer_poison(byte) }
     }
 
+    /// Whether the devices offer virtual memory management (default on). Off models a
+    /// product without it: pools fall back to one `malloc` segment of their max size.
+    pub fn vmm(self, on: bool) -> Self {
+        NpuBuilder { inner: self.inner.vmm(on) }
+    }
+
     /// Creates the devices.
     ///
     /// # Errors

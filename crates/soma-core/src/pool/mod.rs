@@ -254,6 +254,12 @@ impl MemPoolBuilder {
 
     /// Creates the pool on `device`: reserves its virtual range, maps nothing yet.
     ///
+    /// On a device without virtual memory management (`DeviceInfo::supports_vmm` false) the
+    /// pool falls back to one driver `malloc` segment of its whole max size, taken now and
+    /// held until the pool is dropped: blocks are carved from it exactly as usual, but trim
+    /// and the release threshold cannot give memory back to the device (reserved then counts
+    /// the granules the pool uses, not what the device holds for it).
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a bad alignment, a max size above device memory or a
     /// threshold above the max size; backend failures.
@@ -326,6 +332,8 @@ impl MemPoolBuilder {
         let base = match &native {
             Some(_) => DevicePtr::new(u64::MAX)
                 .ok_or_else(|| Error::InvalidConfig("no sentinel address".into()))?,
+            // Without VMM: one malloc segment of the whole range, held for the pool's life.
+            None if !info.supports_vmm => hal.malloc(max_size)?,
             None => hal.reserve(max_size)?,
         };
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -349,6 +357,7 @@ impl MemPoolBuilder {
             created: Instant::now(),
             on_oom: self.on_oom,
             annotate: device.hal().wants_annotations(),
+            preallocated: native.is_none() && !info.supports_vmm,
             native,
             passthrough: self.passthrough.then(passthrough::Passthrough::default),
             history_on: self.history > 0,
@@ -379,6 +388,7 @@ impl PoolInner {
         let backing = HalBacking {
             hal: &*core.hal,
             base: core.base,
+            preallocated: core.preallocated,
             history: self.history.as_mut(),
             created: core.created,
             used,
@@ -443,6 +453,8 @@ pub(crate) struct PoolCore {
     on_oom: Option<OomHook>,
     /// Whether the device's sanitizer wants to hear about allocations and frees.
     annotate: bool,
+    /// The range is one `malloc` segment (a device without VMM).
+    preallocated: bool,
     /// The device's own pool, for `MemPoolBuilder::native()`; the engine is then unused.
     pub(crate) native: Option<Box<dyn crate::hal::NativePoolHal>>,
     /// Deferred frees of a pass-through pool.
@@ -456,6 +468,9 @@ pub(crate) struct PoolCore {
 struct HalBacking<'a> {
     hal: &'a dyn DeviceHal,
     base: DevicePtr,
+    /// The range is one `malloc` segment (device without VMM): mapping and unmapping only
+    /// account, the memory stays allocated until the pool is dropped.
+    preallocated: bool,
     history: Option<&'a mut History>,
     created: Instant,
     used: u64,
@@ -487,6 +502,11 @@ impl Backing for HalBacking<'_> {
             .base
             .checked_add(offset)
             .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+        if self.preallocated {
+            self.reserved += size;
+            self.record(RecordKind::Map, offset, size);
+            return Ok(0);
+        }
         let handle = self.hal.alloc_physical(size).map_err(map_backing_error)?;
         if let Err(e) = self.hal.map(va, handle) {
             // The physical allocation is ours alone; give it back before reporting.
@@ -509,6 +529,11 @@ impl Backing for HalBacking<'_> {
             .base
             .checked_add(offset)
             .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+        if self.preallocated {
+            self.reserved = self.reserved.saturating_sub(size);
+            self.record(RecordKind::Unmap, offset, size);
+            return Ok(());
+        }
         let handle = self.hal.unmap(va).map_err(map_backing_error)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
         self.hal.free_physical(handle).map_err(map_backing_error)?;
@@ -1386,7 +1411,11 @@ impl Drop for MemPool<'_> {
         let (engine, mut backing) = inner.parts(&self.core);
         let _ = engine.teardown(&mut backing);
         drop(inner);
-        let _ = self.core.hal.release(self.core.base);
+        let _ = if self.core.preallocated {
+            self.core.hal.free(self.core.base)
+        } else {
+            self.core.hal.release(self.core.base)
+        };
     }
 }
 
