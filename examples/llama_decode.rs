@@ -534,7 +534,8 @@ fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
-    let weights_pool = MemPool::builder().max_size(16 << 30).build(&dev)?;
+    // Weights live as long as the model: one map call per tensor is enough.
+    let weights_pool = MemPool::builder().max_size(16 << 30).segments_per_growth(1).build(&dev)?;
     // The history (the last 2^17 events, enough for the whole run) draws the timeline.
     let acts_pool = MemPool::builder().max_size(8 << 30).history(1 << 17).build(&dev)?;
     let t = Instant::now();

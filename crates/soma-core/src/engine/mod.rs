@@ -620,6 +620,13 @@ impl Engine {
         };
     }
 
+    /// Into how many segments (each unmapped whole) a growth is mapped, at least 1 (default
+    /// 4: parts of a large block that later hold smaller ones can be recycled piecewise; 1:
+    /// one driver call per growth, for pools of long-lived memory such as weights).
+    pub fn set_segments_per_growth(&mut self, n: u64) {
+        self.segments_per_growth = n.max(1);
+    }
+
     /// When internal dependencies are allowed, take another stream's cached block with a
     /// dependency *before* growing (`true`), instead of only when growth fails (`false`, the
     /// default, CUDA's order — see the module docs). `true` trades stream concurrency for less

@@ -135,6 +135,7 @@ pub struct MemPoolBuilder {
     on_oom: Option<OomHook>,
     native: bool,
     passthrough: bool,
+    segments_per_growth: u64,
 }
 
 impl std::fmt::Debug for MemPoolBuilder {
@@ -148,6 +149,7 @@ impl std::fmt::Debug for MemPoolBuilder {
             .field("history", &self.history)
             .field("on_oom", &self.on_oom.is_some())
             .field("native", &self.native)
+            .field("segments_per_growth", &self.segments_per_growth)
             .field("passthrough", &self.passthrough)
             .finish()
     }
@@ -165,6 +167,7 @@ impl Default for MemPoolBuilder {
             on_oom: None,
             native: false,
             passthrough: false,
+            segments_per_growth: 0,
         }
     }
 }
@@ -242,6 +245,15 @@ impl MemPoolBuilder {
         self
     }
 
+    /// Into how many separately releasable segments each growth is mapped (default 4: parts
+    /// of a large free block can be recycled piecewise, which keeps reserved memory close to
+    /// used memory). 1 makes one driver map call per growth — the right choice for a pool of
+    /// long-lived memory such as model weights, where it cuts loading time on real drivers.
+    pub fn segments_per_growth(mut self, n: u64) -> Self {
+        self.segments_per_growth = n;
+        self
+    }
+
     /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
     /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
     /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
@@ -311,6 +323,9 @@ impl MemPoolBuilder {
         // DESIGN.md §4: every enabled rule, internal dependencies included, is tried before
         // fresh memory is mapped.
         engine.set_dependency_before_growth(true);
+        if self.segments_per_growth > 0 {
+            engine.set_segments_per_growth(self.segments_per_growth);
+        }
         let hal = Arc::clone(device.hal());
         let native = if self.native {
             let native = hal.create_native_pool(max_size)?;
