@@ -853,6 +853,16 @@ impl Sanitizer {
                 // not ordered after this free can race with the previous owner's work.
                 preds.push((free.point, point_before_task(&free.point, &alloc_view)));
             }
+            // A pool on a device without VMM carves its blocks from one driver `malloc`
+            // segment: the first pool allocation inside a live malloc adopts it (the malloc
+            // stops being an allocation of its own; the pool's blocks are tracked instead).
+            let adopt = st.live.range(..(end, 0)).next_back().and_then(|(k, g)| {
+                (g.pool.is_none() && g.ptr <= ptr && end <= g.ptr.saturating_add(g.size))
+                    .then_some(*k)
+            });
+            if let Some(key) = adopt {
+                st.live.remove(&key);
+            }
             if let Some((_, g)) = st.live.range(..(end, 0)).next_back() {
                 if g.ptr.saturating_add(g.size) > ptr {
                     reports.push(SanitizerReport {
