@@ -157,10 +157,16 @@ fn out_of_memory_waits_for_pending_frees_of_other_streams() {
     let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
     let pool = MemPool::builder().max_size(16 * MIB).reuse(ReusePolicy::NONE).build(&dev).unwrap();
     let a = pool.alloc_async::<u8>(12 * MIB as usize, &s1).unwrap();
-    s1.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(20))).unwrap();
-    drop(a); // pending on s1, not eligible for s2 by any rule
+    let gate = Gate::close(&s1);
+    drop(a); // pending on s1 behind the gate, not eligible for s2 by any rule
+             // The allocation below must wait for s1: open the gate from another thread meanwhile.
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gate.open();
+    });
     let b = pool.alloc_async::<u8>(12 * MIB as usize, &s2).unwrap();
     assert_eq!(pool.stats().oom_retries, 1);
+    opener.join().unwrap();
     drop(b);
 }
 
