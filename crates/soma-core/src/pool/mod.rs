@@ -885,15 +885,10 @@ impl PoolCore {
         tag: FreeTag,
         stream: &Stream<'_>,
     ) -> Result<()> {
-        let Some(source) = device.live_stream(tag.stream) else {
-            // The stream was dropped, so it drained: the free is complete.
-            return Ok(());
-        };
-        let event = self.hal.create_event()?;
-        let pos = source.hal.record(&*event)?;
-        stream.wait_raw(&*event)?;
-        stream.clock().raise(tag.stream, source.base + pos);
-        Ok(())
+        // An event recorded on the freeing stream now (after the free), waited on by
+        // `stream`: exactly what ordering after a recorded use does. A dropped stream has
+        // drained, so its free is complete and nothing is inserted.
+        self.wait_for_uses(device, stream, &[tag.stream])
     }
 
     /// The error for a failed allocation; out of memory carries the pool's numbers, the
