@@ -811,3 +811,28 @@ fn recycling_finds_segments_split_between_streams() {
     assert!(b.unmap_log.contains(&(0, 4 * MIB)), "{:?}", b.unmap_log);
     let _ = (z, z0, guard);
 }
+
+#[test]
+fn a_block_freed_on_another_stream_never_absorbs_its_neighbour() {
+    // Found by the C API state machine: s0 frees 4 MiB; s0 reuses the first 2 MiB; that part
+    // is freed onto s2; a small request of s2 must come from its own block, never from s0's
+    // leftover next to it (no rule allows s2 to reuse s0's memory).
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let head = alloc(&mut e, &mut b, &o, 168448, 2);
+    let big = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
+    free(&mut e, &big, 0, 1);
+    let part = alloc(&mut e, &mut b, &o, 2 * MIB, 0);
+    assert_eq!(part.offset, big.offset);
+    let rest = e.blocks().find(|bl| bl.offset == big.offset + 2 * MIB).unwrap();
+    assert_eq!(rest.state, BlockState::Free(Some(tag(0, 1))), "the leftover keeps its tag");
+    free(&mut e, &part, 2, 1);
+    let small = alloc(&mut e, &mut b, &o, 299, 2);
+    assert!(
+        small.offset < big.offset + 2 * MIB || small.reuse.is_none(),
+        "s2 got s0's leftover: {small:?} (big at {})",
+        big.offset
+    );
+    let _ = head;
+}
