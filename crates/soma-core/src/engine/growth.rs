@@ -58,7 +58,11 @@ impl Engine {
         };
         // Recycle only what would raise reserved memory above its all-time high: below it,
         // mapping costs no peak memory and recycling would only add driver calls.
-        let over = (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark);
+        let over = if self.recycle_on_growth {
+            (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark)
+        } else {
+            0
+        };
         let recycled = self.recycle(over, plan.protect, stream, order, backing);
         if plan.base.is_none() && recycled {
             // Recycling may have opened a lower hole.

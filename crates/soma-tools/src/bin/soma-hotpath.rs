@@ -6,8 +6,12 @@
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
 //! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-engine | offset-allocator | tlsf
-//! soma-hotpath random ALLOCATOR N MAX_MIB   # one RMM random_allocations replay instead
+//! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
 //! ```
+//!
+//! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
+//! benchmark does (the first replay grows it, later ones run warm); the instructions of one
+//! warm replay are the difference of two runs with different `REPLAYS`.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -29,27 +33,43 @@ fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
     drop(handles);
 }
 
-/// One replay of RMM's `random_allocations` (n, max size) on `a`.
-fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64) {
+/// `replays` replays of RMM's `random_allocations` (n, max size) on the same `a`.
+fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
     let w = random_allocations(n, max_mib, 16_000, SEED);
-    let t = Instant::now();
-    let h = replay(&mut a, &w.ops, w.slots);
-    let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
-    println!("{}: random_allocations {n}x{max_mib}: {} ops, {ns:.1} ns/op", a.name(), w.ops.len());
-    drop(h);
+    for r in 0..replays {
+        let t = Instant::now();
+        let h = replay(&mut a, &w.ops, w.slots);
+        let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
+        println!(
+            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op",
+            a.name(),
+            w.ops.len()
+        );
+        assert!(h.iter().all(Option::is_none), "every replay frees what it allocated");
+    }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("random") {
-        let [_, which, n, max] = args.as_slice() else {
-            eprintln!("usage: soma-hotpath random soma-engine|tlsf N MAX_MIB");
-            std::process::exit(2);
+        let (which, n, max, replays) = match args.as_slice() {
+            [_, which, n, max] => (which, n, max, "1"),
+            [_, which, n, max, replays] => (which, n, max, replays.as_str()),
+            _ => {
+                eprintln!(
+                    "usage: soma-hotpath random soma-engine|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                );
+                std::process::exit(2);
+            }
         };
         let (n, max) = (n.parse().expect("N"), max.parse().expect("MAX_MIB"));
+        let replays = replays.parse().expect("REPLAYS");
         match which.as_str() {
-            "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max),
-            _ => random(Tlsf::new(1 << 40), n, max),
+            "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
+            "offset-allocator" => {
+                random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
+            }
+            _ => random(Tlsf::new(1 << 40), n, max, replays),
         }
         return;
     }

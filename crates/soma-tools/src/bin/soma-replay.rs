@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
-//!             [--streams N] [--sync-every K] [--capacity BYTES] [--json]
+//!             [--streams N] [--sync-every K] [--capacity BYTES] [--no-recycle]
+//!             [--replays R] [--json]
 //! ```
 //!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). With `--streams N` op `k` of the
@@ -12,7 +13,10 @@
 //! waited on by the freeing stream), so frees cross streams in stream order and their blocks
 //! are reused across streams through those events. `--sync-every K` synchronizes the device
 //! every `K` ops (that is where the release threshold applies); by default nothing
-//! synchronizes until the end.
+//! synchronizes until the end. `--no-recycle` builds the pool with
+//! `recycle_on_growth(false)`. `--replays R` replays the trace `R` times on the same pool
+//! (what is live at the end of a replay is freed before the next), as a server running the
+//! same model again would; the figures are those of the last replay, peaks over all.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,11 +34,14 @@ struct Args {
     streams: usize,
     sync_every: usize,
     capacity: u64,
+    recycle: bool,
+    replays: usize,
     json: bool,
 }
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
-[--release-threshold BYTES] [--streams N] [--sync-every K] [--capacity BYTES] [--json]";
+[--release-threshold BYTES] [--streams N] [--sync-every K] [--capacity BYTES] [--no-recycle] \
+[--replays R] [--json]";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
@@ -58,6 +65,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         streams: 1,
         sync_every: 0,
         capacity: 64 << 30,
+        recycle: true,
+        replays: 1,
         json: false,
     };
     let mut trace = None;
@@ -79,6 +88,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--sync-every" => {
                 a.sync_every =
                     value("--sync-every")?.parse().map_err(|e| format!("--sync-every: {e}"))?
+            }
+            "--no-recycle" => a.recycle = false,
+            "--replays" => {
+                a.replays = value("--replays")?.parse().map_err(|e| format!("--replays: {e}"))?;
+                if a.replays == 0 {
+                    return Err("--replays must be at least 1".into());
+                }
             }
             "--json" => a.json = true,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -127,16 +143,48 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(v) = args.release_threshold {
         builder = builder.release_threshold(v);
     }
-    let pool = builder.build(&dev)?;
+    let pool = builder.recycle_on_growth(args.recycle).build(&dev)?;
     let sim = npu.sim_device(0)?;
+    let n = streams.len();
+    for _ in 1..args.replays {
+        let mut hand_offs = 0;
+        let handles = replay_once(args, &trace, &dev, &pool, &streams, &mut hand_offs)?;
+        drop(handles);
+    }
     let calls_before = sim.stats();
+    let pool_before = pool.stats();
+    let mut hand_offs = 0u64;
+    let start = Instant::now();
+    let handles = replay_once(args, &trace, &dev, &pool, &streams, &mut hand_offs)?;
+    let elapsed = start.elapsed();
+    let mut stats = pool.stats();
+    stats.map_calls -= pool_before.map_calls;
+    stats.unmap_calls -= pool_before.unmap_calls;
+    stats.reuses.same_stream -= pool_before.reuses.same_stream;
+    stats.reuses.event_dependency -= pool_before.reuses.event_dependency;
+    stats.reuses.opportunistic -= pool_before.reuses.opportunistic;
+    stats.reuses.internal_dependency -= pool_before.reuses.internal_dependency;
+    stats.reuses.host_synchronized -= pool_before.reuses.host_synchronized;
+    stats.fresh_allocations -= pool_before.fresh_allocations;
+    drop(handles);
+    dev.synchronize()?;
+    let sim_after = sim.stats();
+    print_report(args, &trace, &pool, n, elapsed, &stats, hand_offs, &calls_before, &sim_after)
+}
 
+/// One replay of `trace` on `pool`; returns the allocations still live at its end.
+fn replay_once<'s, 'd>(
+    args: &Args,
+    trace: &Trace,
+    dev: &soma::Device,
+    pool: &'s MemPool<'d>,
+    streams: &'s [Stream<'d>],
+    hand_offs: &mut u64,
+) -> Result<Vec<Option<PoolAlloc<'s, u8>>>, Box<dyn std::error::Error>> {
     let n = streams.len();
     let mut handles: Vec<Option<PoolAlloc<'_, u8>>> = Vec::with_capacity(trace.slots);
     handles.resize_with(trace.slots, || None);
     let mut owner: Vec<u32> = vec![0; trace.slots];
-    let mut hand_offs = 0u64;
-    let start = Instant::now();
     for (k, op) in trace.ops.iter().enumerate() {
         let s = k % n;
         match *op {
@@ -150,7 +198,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             Op::Free { slot } => {
                 let Some(a) = handles[slot as usize].take() else { continue };
                 if owner[slot as usize] as usize != s {
-                    hand_offs += 1;
+                    *hand_offs += 1;
                     drop(a.hand_off(&streams[s])?);
                 } else {
                     drop(a);
@@ -161,12 +209,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             dev.synchronize()?;
         }
     }
-    let elapsed = start.elapsed();
-    let stats = pool.stats();
-    drop(handles);
-    dev.synchronize()?;
-    let sim_after = sim.stats();
+    Ok(handles)
+}
 
+#[allow(clippy::too_many_arguments)]
+fn print_report(
+    args: &Args,
+    trace: &Trace,
+    pool: &MemPool<'_>,
+    n: usize,
+    elapsed: std::time::Duration,
+    stats: &soma::PoolStats,
+    hand_offs: u64,
+    calls_before: &soma::sim::SimStats,
+    sim_after: &soma::sim::SimStats,
+) -> Result<(), Box<dyn std::error::Error>> {
     let ops = trace.ops.len() as u64;
     let ns_per_op = elapsed.as_nanos() as f64 / ops.max(1) as f64;
     let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
@@ -196,11 +253,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     println!("trace                 {} ({})", trace.name, args.trace.display());
     println!(
-        "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, {} stream(s)",
+        "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, \
+         recycle on growth {}, {} stream(s), replay {} of {}",
         pool.alignment(),
         mib(pool.max_size()),
         mib(pool.get::<soma::attr::ReleaseThreshold>()?),
-        n
+        if args.recycle { "on" } else { "off" },
+        n,
+        args.replays,
+        args.replays
     );
     println!(
         "ops                   {ops} ({} allocs, {} frees)",
@@ -246,10 +307,24 @@ mod tests {
         assert_eq!(parse_size("8g").unwrap(), 8 << 30);
         assert!(parse_size("x").is_err());
         let a = parse_args(
-            ["t.csv", "--streams", "4", "--max-size", "1G", "--json"].map(String::from).into_iter(),
+            [
+                "t.csv",
+                "--streams",
+                "4",
+                "--max-size",
+                "1G",
+                "--json",
+                "--no-recycle",
+                "--replays",
+                "3",
+            ]
+            .map(String::from)
+            .into_iter(),
         )
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
+        assert_eq!((a.recycle, a.replays), (false, 3));
+        assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());
     }

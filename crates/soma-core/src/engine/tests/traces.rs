@@ -144,6 +144,61 @@ fn trace_fragmentation() {
     }
 }
 
+/// Without recycling on growth, a workload replayed again on the same engine (an inference
+/// server serving the same model) converges: by the third replay nothing is mapped, and
+/// peak reserved stays within what never unmapping costs on these traces (≤ 1.10).
+#[test]
+fn trace_replayed_without_recycling_makes_no_driver_calls() {
+    let dir = trace_dir();
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        println!("skipped: trace directory {} is absent", dir.display());
+        return;
+    };
+    let mut paths: Vec<_> = rd
+        .filter_map(|d| d.ok().map(|d| d.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    paths.sort();
+    for p in &paths {
+        let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
+        e.set_recycle_on_growth(false);
+        let mut b = FakeBacking::new();
+        let o = TestOrder { all_complete: true, ..TestOrder::default() };
+        let mut pos = 0;
+        let mut maps = Vec::new();
+        for _ in 0..3 {
+            let before = e.stats().map_calls;
+            let mut live = HashMap::new();
+            for &(id, op) in &events {
+                pos += 1;
+                match op {
+                    Some(bytes) => {
+                        live.insert(id, e.alloc(bytes, 512, 0, &o, &mut b).unwrap());
+                    }
+                    None => {
+                        let a = live.remove(&id).unwrap();
+                        e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
+                    }
+                }
+            }
+            for (_, a) in live {
+                pos += 1;
+                e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
+            }
+            maps.push(e.stats().map_calls - before);
+        }
+        let s = e.stats();
+        let name = p.file_name().unwrap().to_string_lossy();
+        println!("{name}: maps per replay {maps:?}, unmaps {}", s.unmap_calls);
+        assert_eq!(s.unmap_calls, 0, "{name}: growth never unmaps");
+        assert_eq!(maps[2], 0, "{name}: the third replay is served from cache");
+        let ratio = s.reserved_high as f64 / s.used_high as f64;
+        assert!(ratio <= 1.10, "{name}: {ratio}");
+        e.check_invariants().unwrap();
+    }
+}
+
 /// The traces spread over two streams (allocation `id` on stream `id % 2`, freed on the
 /// stream it was allocated on), with and without cross-stream reuse: how much per-stream
 /// caching costs. Run with `--ignored --nocapture`.

@@ -460,6 +460,57 @@ fn recycling_unmaps_complete_free_segments_before_mapping() {
 }
 
 #[test]
+fn without_recycling_growth_only_maps() {
+    for recycle in [true, false] {
+        let mut e = engine(64 * G);
+        e.segments_per_growth = 1;
+        e.set_recycle_on_growth(recycle);
+        let mut b = FakeBacking::new();
+        let mut o = TestOrder::default();
+        let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
+        let guard = alloc(&mut e, &mut b, &o, G, 0);
+        free(&mut e, &x, 0, 1);
+        o.complete_bound.insert(0, 2);
+        // x's two granules are free and complete; a 3-granule request cannot use them
+        let y = alloc(&mut e, &mut b, &o, 3 * G, 0);
+        if recycle {
+            assert_eq!(e.stats().unmap_calls, 1, "x's segment makes room for y");
+            assert_eq!(e.stats().reserved_high, 4 * G);
+        } else {
+            assert_eq!(e.stats().unmap_calls, 0, "growth never unmaps");
+            assert_eq!(e.reserved(), 6 * G);
+            // x's cached granules are still there for a request that fits
+            let maps = e.stats().map_calls;
+            let x2 = alloc(&mut e, &mut b, &o, 2 * G, 0);
+            assert_eq!(x2.offset, x.offset);
+            assert_eq!(x2.reuse, Some(ReuseKind::SameStream));
+            assert_eq!(e.stats().map_calls, maps);
+        }
+        assert_eq!(b.total(), e.reserved());
+        let _ = (guard, y);
+    }
+}
+
+#[test]
+fn without_recycling_memory_pressure_still_releases() {
+    let mut e = engine(64 * G);
+    e.segments_per_growth = 1;
+    e.set_recycle_on_growth(false);
+    let mut b = FakeBacking::with_capacity(4 * G);
+    let mut o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
+    let _guard = alloc(&mut e, &mut b, &o, G, 0);
+    free(&mut e, &x, 0, 1);
+    o.complete_bound.insert(0, 2);
+    // 3 granules mapped, capacity 4: the map of 3 more fails, x's segment is released and
+    // the retry fits
+    let y = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    assert_eq!(y.size, 3 * G);
+    assert_eq!(e.stats().unmap_calls, 1);
+    assert_eq!(e.reserved(), 4 * G);
+}
+
+#[test]
 fn out_of_memory_then_recovery() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::with_capacity(4 * G);
