@@ -3,7 +3,9 @@
 //! | type | what | unit / rounding | `reserved_high` is |
 //! |---|---|---|---|
 //! | [`SomaApi`] | soma's public API: `alloc_async::<u8>` → `PoolAlloc` dropped to free, on the software NPU | pool alignment (512 B default) | the pool's `reserved_high` (physical memory mapped, high-water) |
+//! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)`: growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaEngine`] | soma's engine alone, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |
+//! | [`SomaEngine`] named `soma-engine-retain` ([`SomaEngine::with_recycling`]`(…, false)`) | the engine alone with `Engine::set_recycle_on_growth(false)`: growth only maps | 512 B | the engine's `reserved_high` |
 //! | [`OffsetAlloc`] | the `offset-allocator` crate (Sebastian Aaltonen's O(1) offset allocator) | 512 B units (its sizes are `u32`) | high-water end offset, rounded up to 2 MiB |
 //! | [`Tlsf`] | a TLSF (rlsf's algorithm: 2-level bitmaps, good fit, immediate coalescing) over an offset space, with out-of-band block records | 512 B | high-water end offset, rounded up to 2 MiB |
 //! | [`SomaReplica`] | CANN SOMA's algorithm: every request rounded up to 2 MiB, best fit over a `BTreeSet` of `(size, address)` free segments, neighbour merge | 2 MiB | high-water end offset (already 2 MiB multiples) |
@@ -51,6 +53,12 @@ pub trait Allocator {
     fn free(&mut self, handle: Self::Handle);
     /// Peak reserved bytes so far, per the definition in the [module docs](self).
     fn reserved_high(&self) -> u64;
+    /// Driver map and unmap calls so far, `(maps, unmaps)`, for the allocators that map
+    /// memory on demand (soma's public API and engine); `None` for the others (the pure
+    /// offset allocators never map, the driver path allocates instead).
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -109,23 +117,35 @@ pub struct SomaEngine {
     engine: Engine,
     backing: CountingBacking,
     pos: u64,
+    recycle: bool,
 }
 
 impl SomaEngine {
     /// An engine over a `range` of bytes (a multiple of 2 MiB) with 2 MiB granules and
-    /// alignment `alignment`.
+    /// alignment `alignment`, recycling on growth (the engine's default); named
+    /// `soma-engine`.
     ///
     /// # Panics
     /// An invalid configuration.
     pub fn new(range: u64, alignment: u64) -> SomaEngine {
-        let engine = Engine::new(EngineConfig {
+        SomaEngine::with_recycling(range, alignment, true)
+    }
+
+    /// As [`SomaEngine::new`], with `Engine::set_recycle_on_growth(recycle)`. `false` (growth
+    /// only maps, never unmaps free segments elsewhere) is named `soma-engine-retain`.
+    ///
+    /// # Panics
+    /// An invalid configuration.
+    pub fn with_recycling(range: u64, alignment: u64, recycle: bool) -> SomaEngine {
+        let mut engine = Engine::new(EngineConfig {
             range_size: range,
             granularity: GRANULE,
             alignment,
             index_by_offset: false,
         })
         .expect("engine configuration");
-        SomaEngine { engine, backing: CountingBacking::default(), pos: 0 }
+        engine.set_recycle_on_growth(recycle);
+        SomaEngine { engine, backing: CountingBacking::default(), pos: 0, recycle }
     }
 
     /// The engine's counters.
@@ -142,7 +162,11 @@ impl SomaEngine {
 impl Allocator for SomaEngine {
     type Handle = BlockId;
     fn name(&self) -> &'static str {
-        "soma-engine"
+        if self.recycle {
+            "soma-engine"
+        } else {
+            "soma-engine-retain"
+        }
     }
     #[inline]
     fn alloc(&mut self, bytes: u64) -> Option<BlockId> {
@@ -160,6 +184,10 @@ impl Allocator for SomaEngine {
     fn reserved_high(&self) -> u64 {
         self.engine.stats().reserved_high
     }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        let st = self.engine.stats();
+        Some((st.map_calls, st.unmap_calls))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -171,19 +199,29 @@ impl Allocator for SomaEngine {
 pub struct SomaApi<'s, 'd> {
     pool: &'s MemPool<'d>,
     stream: &'s Stream<'d>,
+    name: &'static str,
 }
 
 impl<'s, 'd> SomaApi<'s, 'd> {
-    /// Drives `pool` with allocations for `stream`.
+    /// Drives `pool` with allocations for `stream`; named `soma` (meant for a pool with the
+    /// default settings).
     pub fn new(pool: &'s MemPool<'d>, stream: &'s Stream<'d>) -> Self {
-        SomaApi { pool, stream }
+        SomaApi::named(pool, stream, "soma")
+    }
+
+    /// As [`SomaApi::new`], reported as `name` in benchmark ids and tables: a pool built with
+    /// other settings than the default is a different allocator under test (the benches name
+    /// a pool built with `recycle_on_growth(false)` `soma-retain`). The name is the caller's
+    /// word; nothing checks it against the pool's settings.
+    pub fn named(pool: &'s MemPool<'d>, stream: &'s Stream<'d>, name: &'static str) -> Self {
+        SomaApi { pool, stream, name }
     }
 }
 
 impl<'s, 'd: 's> Allocator for SomaApi<'s, 'd> {
     type Handle = PoolAlloc<'s, u8>;
     fn name(&self) -> &'static str {
-        "soma"
+        self.name
     }
     #[inline]
     fn alloc(&mut self, bytes: u64) -> Option<PoolAlloc<'s, u8>> {
@@ -195,6 +233,10 @@ impl<'s, 'd: 's> Allocator for SomaApi<'s, 'd> {
     }
     fn reserved_high(&self) -> u64 {
         self.pool.stats().reserved_high
+    }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        let st = self.pool.stats();
+        Some((st.map_calls, st.unmap_calls))
     }
 }
 
@@ -785,5 +827,41 @@ mod tests {
         assert_eq!(d.reserved_high(), 6 * MIB);
         d.free(h);
         d.free(h2);
+        assert_eq!(d.driver_calls(), None);
+    }
+
+    #[test]
+    fn retain_variants_are_named_and_never_unmap_on_growth() {
+        use crate::workload::{free_all, random_allocations, replay, SEED};
+        let w = random_allocations(300, 4, 64, SEED);
+
+        let mut e = SomaEngine::new(RANGE, 512);
+        let mut r = SomaEngine::with_recycling(RANGE, 512, false);
+        assert_eq!((e.name(), r.name()), ("soma-engine", "soma-engine-retain"));
+        for _ in 0..3 {
+            let h = replay(&mut r, &w.ops, w.slots);
+            free_all(&mut r, h);
+            let h = replay(&mut e, &w.ops, w.slots);
+            free_all(&mut e, h);
+        }
+        let (maps, unmaps) = r.driver_calls().unwrap();
+        assert!(maps > 0);
+        assert_eq!(unmaps, 0, "growth without recycling only maps");
+        assert_eq!(e.driver_calls(), Some((e.stats().map_calls, e.stats().unmap_calls)));
+
+        let npu = soma::sim::Npu::builder().capacity(4 << 30).build().unwrap();
+        let dev = npu.device(0).unwrap();
+        let s = dev.create_stream().unwrap();
+        let pool = MemPool::builder().recycle_on_growth(false).build(&dev).unwrap();
+        let mut api = SomaApi::named(&pool, &s, "soma-retain");
+        assert_eq!(api.name(), "soma-retain");
+        for _ in 0..2 {
+            let h = replay(&mut api, &w.ops, w.slots);
+            free_all(&mut api, h);
+        }
+        let (maps, unmaps) = api.driver_calls().unwrap();
+        assert!(maps > 0);
+        assert_eq!(unmaps, 0, "growth without recycling only maps");
+        assert_eq!(SomaApi::new(&pool, &s).name(), "soma");
     }
 }
