@@ -4,9 +4,32 @@
 //! capped at 16 000 MiB; n ∈ {1 000, 10 000, 100 000} × max_size ∈ {1, 4, 64, 256} MiB;
 //! fixed seed. The op sequence is generated before timing.
 //!
-//! One criterion iteration = one whole replay on a fresh allocator; the time reported is
-//! that replay's time divided by its number of ops (ns per op). Ids:
+//! RMM's methodology (`benchmarks/random_allocations/random_allocations.cpp`): the memory
+//! resource is created once per benchmark, outside the timing loop, and every iteration
+//! replays the whole sequence on that same resource (each replay frees everything it
+//! allocated), so after the first iteration the pool is warm. Here likewise: one allocator
+//! instance per (allocator, cell) — for the public API one `MemPool` per cell — and every
+//! criterion iteration, warm-up included, is one whole replay on it; the time reported is
+//! a replay's time divided by its number of ops (ns per op, warm). Ids:
 //! `random_allocations/<allocator>/<n>x<max_size MiB>`.
+//!
+//! Before criterion, each instance replays twice outside criterion: the first replay (on the
+//! fresh instance, timed once) is the cold figure, the second (warm) gives the driver calls
+//! of one warm replay. When that second replay takes longer than
+//! [`common::slow_replay_limit`], criterion is skipped and the second replay's time stands
+//! for the cell (recorded in `random_allocations_slow.json` with the first replay's).
+//!
+//! JSON (`<target>/soma-bench/random_allocations.json`), one object per cell: the workload's
+//! facts (`cell`, `n`, `max_size_mib`, `ops`, `allocs`, `peak_live_bytes`,
+//! `max_live_count`) and maps keyed by allocator name: `cold_ns_per_op` (first replay on a
+//! fresh allocator), `cold_map_calls` / `cold_unmap_calls` (driver calls of that first
+//! replay) and `warm_map_calls` / `warm_unmap_calls` (of the second replay on the same
+//! instance) for the allocators that map (`soma`, `soma-retain`, `soma-engine`,
+//! `soma-engine-retain`), `cold_reserved_high` / `warm_reserved_high` (peak reserved after
+//! the first / second replay); plus, for older readers, `engine_map_calls`,
+//! `engine_unmap_calls`, `engine_reserved_high` (soma-engine's first replay) and
+//! `tlsf_reserved_high`. A run with a benchmark filter measures only the selected
+//! (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
 //! The driver path runs only for n ≤ 10 000 (about 6 µs per call on soma-sim: the
 //! n = 100 000 cells would take minutes); the seed's first fit only where its O(free-list)
@@ -18,15 +41,17 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
+use serde_json::{json, Map, Value};
 use soma::MemPool;
 use soma_tools::baselines::{
     Allocator, DriverPath, OffsetAlloc, SeedFirstFit, SomaApi, SomaEngine, SomaReplica, Tlsf,
 };
-use soma_tools::workload::{random_allocations, replay, Workload, SEED};
+use soma_tools::workload::{free_all, random_allocations, replay, Workload, SEED};
 
 use common::RANGE;
 
@@ -34,32 +59,100 @@ const NS: [usize; 3] = [1_000, 10_000, 100_000];
 const MAX_SIZES_MIB: [u64; 4] = [1, 4, 64, 256];
 const MAX_USAGE_MIB: u64 = 16_000;
 
-/// Times one replay of `w` on a fresh allocator from `make` (ns per op).
-fn once<A: Allocator>(w: &Workload, make: &mut impl FnMut() -> A) -> f64 {
-    let mut a = make();
-    let t = Instant::now();
-    let handles = replay(&mut a, &w.ops, w.slots);
-    let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
-    drop(handles);
-    ns
+/// The per-allocator maps of one cell's JSON object.
+const MAPS: [&str; 7] = [
+    "cold_ns_per_op",
+    "cold_map_calls",
+    "cold_unmap_calls",
+    "warm_map_calls",
+    "warm_unmap_calls",
+    "cold_reserved_high",
+    "warm_reserved_high",
+];
+
+/// What one run measured outside criterion: per cell, per map key, allocator → value.
+#[derive(Default)]
+struct Facts {
+    cells: BTreeMap<String, BTreeMap<&'static str, Map<String, Value>>>,
+    /// Entries of `random_allocations_slow.json` measured by this run.
+    slow: Vec<Value>,
+    /// (allocator, cell) pairs this run measured.
+    measured: Vec<(String, String)>,
 }
 
-/// Times replays of `w` on fresh allocators from `make`, reporting ns per op. A replay
-/// slower than [`common::slow_replay_limit`] is timed once and recorded in `slow` instead.
+impl Facts {
+    fn put(&mut self, cell: &str, key: &'static str, allocator: &str, value: Value) {
+        self.cells
+            .entry(cell.to_owned())
+            .or_default()
+            .entry(key)
+            .or_default()
+            .insert(allocator.to_owned(), value);
+    }
+}
+
+/// One whole replay of `w` on `a`, everything freed afterwards (untimed); its duration.
+fn timed_replay<A: Allocator>(a: &mut A, w: &Workload) -> Duration {
+    let t = Instant::now();
+    let handles = replay(a, &w.ops, w.slots);
+    let d = t.elapsed();
+    free_all(a, handles);
+    d
+}
+
+fn ns_per_op(d: Duration, w: &Workload) -> f64 {
+    d.as_nanos() as f64 / w.ops.len() as f64
+}
+
+/// One (allocator, cell): a cold replay on the fresh `a` and a second (warm) replay, both
+/// outside criterion (recorded in `facts`), then criterion's iterations, each one replay on
+/// the same `a` — or, when the warm replay is slower than [`common::slow_replay_limit`],
+/// that replay's time alone (recorded as slow). Nothing runs when criterion's filter rules
+/// the benchmark out.
 fn bench<A: Allocator>(
     g: &mut BenchmarkGroup<'_, WallTime>,
-    slow: &mut Vec<String>,
-    name: &str,
+    facts: &mut Facts,
     cell: &str,
     w: &Workload,
-    mut make: impl FnMut() -> A,
+    mut a: A,
 ) {
-    let first = once(w, &mut make);
-    if first * w.ops.len() as f64 > common::slow_replay_limit().as_nanos() as f64 {
-        println!("random_allocations/{name}/{cell}: one replay, {first:.0} ns/op (too slow for criterion)");
-        slow.push(format!(
-            "{{\"allocator\":\"{name}\",\"cell\":\"{cell}\",\"ns_per_op\":{first:.1}}}"
-        ));
+    let name = a.name();
+    if !common::maybe_selected(&format!("random_allocations/{name}/{cell}")) {
+        return;
+    }
+    facts.measured.push((name.to_owned(), cell.to_owned()));
+
+    let cold = ns_per_op(timed_replay(&mut a, w), w);
+    let cold_calls = a.driver_calls();
+    facts.put(cell, "cold_ns_per_op", name, json!((cold * 10.0).round() / 10.0));
+    facts.put(cell, "cold_reserved_high", name, json!(a.reserved_high()));
+    let second = ns_per_op(timed_replay(&mut a, w), w);
+    facts.put(cell, "warm_reserved_high", name, json!(a.reserved_high()));
+    let mut calls = String::new();
+    if let (Some((m1, u1)), Some((m2, u2))) = (cold_calls, a.driver_calls()) {
+        facts.put(cell, "cold_map_calls", name, json!(m1));
+        facts.put(cell, "cold_unmap_calls", name, json!(u1));
+        facts.put(cell, "warm_map_calls", name, json!(m2 - m1));
+        facts.put(cell, "warm_unmap_calls", name, json!(u2 - u1));
+        calls = format!(", map/unmap calls {m1}/{u1} cold, {}/{} warm", m2 - m1, u2 - u1);
+    }
+    println!(
+        "random_allocations/{name}/{cell}: first replay (cold) {cold:.1} ns/op, \
+         second (warm) {second:.1} ns/op{calls}"
+    );
+
+    if second * w.ops.len() as f64 > common::slow_replay_limit().as_nanos() as f64 {
+        println!(
+            "random_allocations/{name}/{cell}: warm replay {second:.0} ns/op (too slow for \
+             criterion; timed once)"
+        );
+        facts.slow.push(json!({
+            "allocator": name,
+            "cell": cell,
+            "ns_per_op": (second * 10.0).round() / 10.0,
+            "cold_ns_per_op": (cold * 10.0).round() / 10.0,
+            "warm_ns_per_op": (second * 10.0).round() / 10.0,
+        }));
         return;
     }
     let ops = w.ops.len() as u32;
@@ -67,103 +160,139 @@ fn bench<A: Allocator>(
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let mut a = make();
-                let t = Instant::now();
-                let handles = replay(&mut a, &w.ops, w.slots);
-                total += t.elapsed();
-                debug_assert!(handles.iter().all(Option::is_none));
-                drop(handles);
-                drop(a);
+                total += timed_replay(&mut a, w);
             }
             total / ops
         })
     });
 }
 
+/// The previous run's JSON array at `<out_dir>/<name>.json` (empty when absent or invalid).
+fn previous(name: &str) -> Vec<Value> {
+    std::fs::read_to_string(common::out_dir().join(format!("{name}.json")))
+        .ok()
+        .and_then(|s| serde_json::from_str::<Vec<Value>>(&s).ok())
+        .unwrap_or_default()
+}
+
+/// Writes both JSON files. With a benchmark filter, pairs this run did not measure keep the
+/// previous run's figures.
+fn write(workloads: &[(String, Value)], facts: Facts) {
+    let merge = common::filtered();
+    let old: BTreeMap<String, Value> = if merge {
+        previous("random_allocations")
+            .into_iter()
+            .filter_map(|c| Some((c.get("cell")?.as_str()?.to_owned(), c)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let mut cells = Vec::new();
+    for (cell, workload) in workloads {
+        let mut obj = match old.get(cell) {
+            Some(Value::Object(o)) => o.clone(),
+            _ => Map::new(),
+        };
+        if let Value::Object(w) = workload {
+            obj.extend(w.clone());
+        }
+        let new = facts.cells.get(cell);
+        for key in MAPS {
+            let mut m = match obj.remove(key) {
+                Some(Value::Object(m)) => m,
+                _ => Map::new(),
+            };
+            if let Some(n) = new.and_then(|n| n.get(key)) {
+                m.extend(n.clone());
+            }
+            obj.insert(key.to_owned(), Value::Object(m));
+        }
+        // The keys older readers know, from the maps.
+        let get = |key: &str, a: &str| obj.get(key).and_then(|m| m.get(a)).cloned();
+        let legacy = [
+            ("engine_map_calls", get("cold_map_calls", "soma-engine")),
+            ("engine_unmap_calls", get("cold_unmap_calls", "soma-engine")),
+            ("engine_reserved_high", get("cold_reserved_high", "soma-engine")),
+            ("tlsf_reserved_high", get("cold_reserved_high", "tlsf")),
+        ];
+        for (k, v) in legacy {
+            match v {
+                Some(v) => obj.insert(k.to_owned(), v),
+                None => obj.remove(k),
+            };
+        }
+        cells.push(Value::Object(obj));
+    }
+    let mut slow: Vec<Value> = if merge {
+        previous("random_allocations_slow")
+            .into_iter()
+            .filter(|e| {
+                let key = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                !facts.measured.contains(&(key("allocator"), key("cell")))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    slow.extend(facts.slow);
+    let lines = |v: &[Value]| {
+        let rows: Vec<String> = v.iter().map(Value::to_string).collect();
+        format!("[{}]\n", rows.join(",\n"))
+    };
+    common::write_json("random_allocations", &lines(&cells));
+    common::write_json("random_allocations_slow", &lines(&slow));
+}
+
 fn random(c: &mut Criterion) {
     let npu = common::npu();
     let dev = npu.device(0).expect("device");
     let s = dev.create_stream().expect("stream");
-    let mut slow: Vec<String> = Vec::new();
+    let mut facts = Facts::default();
+    let mut workloads = Vec::new();
     let mut g = c.benchmark_group("random_allocations");
     g.sampling_mode(common::REPLAY_SAMPLING);
-    let mut cells = Vec::new();
     for n in NS {
         for max in MAX_SIZES_MIB {
             let w = random_allocations(n, max, MAX_USAGE_MIB, SEED);
             let cell = format!("{n}x{max}");
-            cells.push(format!(
-                "{{\"cell\":\"{cell}\",\"n\":{n},\"max_size_mib\":{max},\"ops\":{},\"allocs\":{},\
-                 \"peak_live_bytes\":{},\"max_live_count\":{}}}",
-                w.ops.len(),
-                w.stats.allocs,
-                w.stats.peak_live_bytes,
-                w.stats.max_live_count
+            workloads.push((
+                cell.clone(),
+                json!({
+                    "cell": cell,
+                    "n": n,
+                    "max_size_mib": max,
+                    "ops": w.ops.len(),
+                    "allocs": w.stats.allocs,
+                    "peak_live_bytes": w.stats.peak_live_bytes,
+                    "max_live_count": w.stats.max_live_count,
+                }),
             ));
-            // soma's memory and driver-call figures for the cell (one untimed replay).
-            let mut e = SomaEngine::new(RANGE, 512);
-            drop(replay(&mut e, &w.ops, w.slots));
-            let st = e.stats();
-            let mut r = Tlsf::new(RANGE);
-            drop(replay(&mut r, &w.ops, w.slots));
-            cells.last_mut().expect("cell").pop();
-            cells.last_mut().expect("cell").push_str(&format!(
-                ",\"engine_map_calls\":{},\"engine_unmap_calls\":{},\"engine_reserved_high\":{},\
-                 \"tlsf_reserved_high\":{}}}",
-                st.map_calls,
-                st.unmap_calls,
-                st.reserved_high,
-                r.reserved_high()
-            ));
-            // The public API: a fresh pool per replay (pool creation is not timed).
-            let api_once = {
+            // The public API: one pool per cell, reused by every replay (pool creation is
+            // not timed).
+            {
                 let pool = MemPool::builder().build(&dev).expect("pool");
-                let mut a = SomaApi::new(&pool, &s);
-                let t = Instant::now();
-                drop(replay(&mut a, &w.ops, w.slots));
-                t.elapsed()
-            };
-            if api_once > common::slow_replay_limit() {
-                let ns = api_once.as_nanos() as f64 / w.ops.len() as f64;
-                println!("random_allocations/soma/{cell}: one replay, {ns:.0} ns/op (too slow for criterion)");
-                slow.push(format!(
-                    "{{\"allocator\":\"soma\",\"cell\":\"{cell}\",\"ns_per_op\":{ns:.1}}}"
-                ));
-            } else {
-                g.bench_function(BenchmarkId::new("soma", &cell), |b| {
-                    b.iter_custom(|iters| {
-                        let mut total = Duration::ZERO;
-                        for _ in 0..iters {
-                            let pool = MemPool::builder().build(&dev).expect("pool");
-                            let mut a = SomaApi::new(&pool, &s);
-                            let t = Instant::now();
-                            let handles = replay(&mut a, &w.ops, w.slots);
-                            total += t.elapsed();
-                            drop(handles);
-                        }
-                        total / w.ops.len() as u32
-                    })
-                });
+                bench(&mut g, &mut facts, &cell, &w, SomaApi::new(&pool, &s));
             }
-            bench(&mut g, &mut slow, "soma-engine", &cell, &w, || SomaEngine::new(RANGE, 512));
-            bench(&mut g, &mut slow, "offset-allocator", &cell, &w, || {
-                OffsetAlloc::new(RANGE, (2 * n + 1024) as u32)
-            });
-            bench(&mut g, &mut slow, "tlsf", &cell, &w, || Tlsf::new(RANGE));
-            bench(&mut g, &mut slow, "soma-replica", &cell, &w, || SomaReplica::new(1 << 46));
+            {
+                let pool = MemPool::builder().recycle_on_growth(false).build(&dev).expect("pool");
+                bench(&mut g, &mut facts, &cell, &w, SomaApi::named(&pool, &s, "soma-retain"));
+            }
+            bench(&mut g, &mut facts, &cell, &w, SomaEngine::new(RANGE, 512));
+            bench(&mut g, &mut facts, &cell, &w, SomaEngine::with_recycling(RANGE, 512, false));
+            bench(&mut g, &mut facts, &cell, &w, OffsetAlloc::new(RANGE, (2 * n + 1024) as u32));
+            bench(&mut g, &mut facts, &cell, &w, Tlsf::new(RANGE));
+            bench(&mut g, &mut facts, &cell, &w, SomaReplica::new(1 << 46));
             if n <= 10_000 || max >= 64 {
-                bench(&mut g, &mut slow, "seed-first-fit", &cell, &w, || SeedFirstFit::new(RANGE));
+                bench(&mut g, &mut facts, &cell, &w, SeedFirstFit::new(RANGE));
             }
             if n <= 10_000 {
-                bench(&mut g, &mut slow, "driver", &cell, &w, || {
-                    DriverPath::new(&**dev.hal(), dev.info().granularity)
-                });
+                let d = DriverPath::new(&**dev.hal(), dev.info().granularity);
+                bench(&mut g, &mut facts, &cell, &w, d);
             }
         }
     }
     g.finish();
-    common::write_json("random_allocations", &format!("[{}]\n", cells.join(",\n")));
-    common::write_json("random_allocations_slow", &format!("[{}]\n", slow.join(",\n")));
+    write(&workloads, facts);
 }
 
 fn config() -> Criterion {

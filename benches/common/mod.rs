@@ -84,3 +84,100 @@ pub fn slow_replay_limit() -> std::time::Duration {
         std::time::Duration::from_millis(1500)
     }
 }
+
+/// criterion 0.5's options that take a value (the next argument, or `--opt=value`).
+const VALUE_OPTIONS: &[&str] = &[
+    "-c",
+    "--color",
+    "-s",
+    "--save-baseline",
+    "-b",
+    "--baseline",
+    "--baseline-lenient",
+    "--format",
+    "--profile-time",
+    "--load-baseline",
+    "--sample-size",
+    "--warm-up-time",
+    "--measurement-time",
+    "--nresamples",
+    "--noise-threshold",
+    "--confidence-level",
+    "--significance-level",
+    "--plotting-backend",
+    "--output-format",
+];
+
+/// criterion 0.5's flags (no value) other than `--exact`.
+const FLAGS: &[&str] = &[
+    "-v",
+    "--verbose",
+    "--quiet",
+    "-n",
+    "--noplot",
+    "--discard-baseline",
+    "--list",
+    "--ignored",
+    "--quick",
+    "--test",
+    "--bench",
+    "--nocapture",
+    "--show-output",
+    "--include-ignored",
+];
+
+/// The benchmark filter on this process's command line, as criterion reads it.
+enum Filter {
+    /// No filter: every benchmark runs.
+    None,
+    /// A plain string (no regex metacharacters): criterion runs the ids that contain it,
+    /// or with `--exact` the id equal to it.
+    Plain { text: String, exact: bool },
+    /// Anything this parser cannot decide (a regex, an unknown option).
+    Unknown,
+}
+
+fn filter() -> Filter {
+    let mut text = None;
+    let mut exact = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if VALUE_OPTIONS.contains(&a.as_str()) {
+            args.next();
+        } else if a == "--exact" {
+            exact = true;
+        } else if FLAGS.contains(&a.as_str()) {
+        } else if let Some((opt, _)) = a.split_once('=').filter(|_| a.starts_with("--")) {
+            if !VALUE_OPTIONS.contains(&opt) {
+                return Filter::Unknown;
+            }
+        } else if a.starts_with('-') || text.is_some() {
+            return Filter::Unknown;
+        } else {
+            text = Some(a);
+        }
+    }
+    match text {
+        None => Filter::None,
+        Some(t) if t.contains(|c: char| "\\.+*?()|[]{}^$".contains(c)) => Filter::Unknown,
+        Some(text) => Filter::Plain { text, exact },
+    }
+}
+
+/// Whether a benchmark filter was given on the command line (some benchmarks may not run).
+pub fn filtered() -> bool {
+    !matches!(filter(), Filter::None)
+}
+
+/// Whether criterion may run the benchmark `id` (`group/function/value`) under this
+/// process's command line. `false` only when the filter is a plain string (no regex
+/// metacharacters) that `id` does not contain (with `--exact`: is not equal to); anything
+/// this cannot decide counts as selected. The benches use it to skip the work they do
+/// outside criterion (untimed and cold replays) for benchmarks that will not run.
+pub fn maybe_selected(id: &str) -> bool {
+    match filter() {
+        Filter::None | Filter::Unknown => true,
+        Filter::Plain { text, exact: true } => id == text,
+        Filter::Plain { text, exact: false } => id.contains(&text),
+    }
+}
