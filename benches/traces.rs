@@ -7,6 +7,10 @@
 //! Memory: one more replay per allocator writes `<target>/soma-bench/traces.json` with peak
 //! reserved (defined per allocator in `soma_tools::baselines`), the trace's peak live
 //! requested bytes, soma's own peak used (rounded sizes) and driver map / unmap calls.
+//! Allocators: the baselines, `soma` and `soma-engine`, and their variants without
+//! recycling on growth, `soma-retain` (a pool built with `recycle_on_growth(false)`) and
+//! `soma-engine-retain`. Unlike `random_allocations` (RMM's warm methodology), every replay
+//! here is on a fresh allocator: a trace is one program run, so cold is what it measures.
 //! Fragmentation = peak reserved / peak live requested bytes (the same denominator for
 //! every allocator; soma's own `PoolStats::fragmentation` divides by its rounded peak used).
 
@@ -28,6 +32,7 @@ use soma_tools::workload::{free_all, replay};
 
 use common::RANGE;
 
+/// Times replays of `t`, each on a fresh allocator from `make`.
 fn bench<A: Allocator>(
     g: &mut BenchmarkGroup<'_, WallTime>,
     name: &str,
@@ -46,6 +51,32 @@ fn bench<A: Allocator>(
                 free_all(&mut a, handles);
             }
             total / ops
+        })
+    });
+}
+
+/// Times replays of `t` through the public API, each on a fresh pool (`recycle`: built with
+/// `recycle_on_growth(recycle)`; pool creation is not timed).
+fn bench_api<'d>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    t: &Trace,
+    dev: &'d soma::Device,
+    s: &soma::Stream<'d>,
+    recycle: bool,
+) {
+    let name = if recycle { "soma" } else { "soma-retain" };
+    g.bench_function(BenchmarkId::new(name, &t.name), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let pool = MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool");
+                let mut a = SomaApi::named(&pool, s, name);
+                let start = Instant::now();
+                let handles = replay(&mut a, &t.ops, t.slots);
+                total += start.elapsed();
+                free_all(&mut a, handles);
+            }
+            total / t.ops.len() as u32
         })
     });
 }
@@ -83,9 +114,9 @@ fn traces(c: &mut Criterion) {
         };
         // Memory figures first (one replay each).
         let mut entries = Vec::new();
-        {
-            let pool = MemPool::builder().build(&dev).expect("pool");
-            entries.push(memory(SomaApi::new(&pool, &s), &t, |_| {
+        for (recycle, name) in [(true, "soma"), (false, "soma-retain")] {
+            let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
+            entries.push(memory(SomaApi::named(&pool, &s, name), &t, |_| {
                 let st = pool.stats();
                 format!(
                     ",\"peak_used\":{},\"map_calls\":{},\"unmap_calls\":{},\"own_fragmentation\":{:.4}",
@@ -96,13 +127,15 @@ fn traces(c: &mut Criterion) {
                 )
             }));
         }
-        entries.push(memory(SomaEngine::new(RANGE, 512), &t, |e| {
-            let st = e.stats();
-            format!(
-                ",\"peak_used\":{},\"map_calls\":{},\"unmap_calls\":{}",
-                st.used_high, st.map_calls, st.unmap_calls
-            )
-        }));
+        for recycle in [true, false] {
+            entries.push(memory(SomaEngine::with_recycling(RANGE, 512, recycle), &t, |e| {
+                let st = e.stats();
+                format!(
+                    ",\"peak_used\":{},\"map_calls\":{},\"unmap_calls\":{}",
+                    st.used_high, st.map_calls, st.unmap_calls
+                )
+            }));
+        }
         let max_allocs = (t.stats.max_live_count * 2 + 1024) as u32;
         entries.push(memory(OffsetAlloc::new(RANGE, max_allocs), &t, |_| String::new()));
         entries.push(memory(Tlsf::new(RANGE), &t, |_| String::new()));
@@ -123,21 +156,10 @@ fn traces(c: &mut Criterion) {
         ));
 
         // Time.
-        g.bench_function(BenchmarkId::new("soma", &t.name), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let pool = MemPool::builder().build(&dev).expect("pool");
-                    let mut a = SomaApi::new(&pool, &s);
-                    let start = Instant::now();
-                    let handles = replay(&mut a, &t.ops, t.slots);
-                    total += start.elapsed();
-                    drop(handles);
-                }
-                total / t.ops.len() as u32
-            })
-        });
+        bench_api(&mut g, &t, &dev, &s, true);
+        bench_api(&mut g, &t, &dev, &s, false);
         bench(&mut g, "soma-engine", &t, || SomaEngine::new(RANGE, 512));
+        bench(&mut g, "soma-engine-retain", &t, || SomaEngine::with_recycling(RANGE, 512, false));
         bench(&mut g, "offset-allocator", &t, || OffsetAlloc::new(RANGE, max_allocs));
         bench(&mut g, "tlsf", &t, || Tlsf::new(RANGE));
         bench(&mut g, "soma-replica", &t, || SomaReplica::new(1 << 46));
