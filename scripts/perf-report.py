@@ -11,6 +11,9 @@ every other section of the file (e.g. `## soma-sim`) is kept byte for byte.
         > /work/target-bench/soma-bench/llama_decode.txt
     scripts/perf-report.py --target /work/target-bench [--callgrind]
 
+`--out PATH` writes the result to PATH instead of rewriting the document (e.g. to check a
+quick run's output without touching docs/performance.md).
+
 The script also runs `soma-replay --json` over every trace with 1, 2 and 4 streams
 (`--no-replay` skips it). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
 10 000 and 20 000 pairs) and reports instructions per alloc+free pair.
@@ -28,9 +31,15 @@ from datetime import datetime, timezone
 
 SECTION = "## Allocators side by side"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALLOCATORS = ["soma", "soma-engine", "offset-allocator", "tlsf", "soma-replica",
-              "seed-first-fit", "driver"]
+ALLOCATORS = ["soma", "soma-retain", "soma-engine", "soma-engine-retain", "offset-allocator",
+              "tlsf", "soma-replica", "seed-first-fit", "driver"]
 BASELINES = ["offset-allocator", "tlsf", "soma-replica", "seed-first-fit"]
+# soma's variants measured against the baselines (ratio columns and targets).
+VARIANTS = ["soma-engine", "soma-engine-retain", "soma", "soma-retain"]
+# The same, public API first (column order of the allocator tables).
+VARIANTS_API_FIRST = ["soma", "soma-retain", "soma-engine", "soma-engine-retain"]
+# Columns of the cold random_allocations table.
+COLD = VARIANTS_API_FIRST + ["tlsf"]
 MIB = 1 << 20
 
 
@@ -183,7 +192,12 @@ def section(target, crit, cmd_note):
     w("|---|---|---|---|")
     w("| `soma` | public API: `pool.alloc_async::<u8>` → `PoolAlloc`, dropped to free; "
       "software NPU, default pool | 512 B | pool `reserved_high` (mapped physical memory) |")
+    w("| `soma-retain` | the same, pool built with `recycle_on_growth(false)`: growth never "
+      "unmaps free segments to stay under the reserved high-water mark | 512 B | pool "
+      "`reserved_high` |")
     w("| `soma-engine` | the engine alone, counting fake backing, one stream, frees complete | "
+      "512 B | engine `reserved_high` |")
+    w("| `soma-engine-retain` | the engine alone with `Engine::set_recycle_on_growth(false)` | "
       "512 B | engine `reserved_high` |")
     w("| `offset-allocator` | crate `offset-allocator` 0.2 (O(1), no streams, no lock) | "
       "512 B units | high-water end offset, rounded up to 2 MiB |")
@@ -197,8 +211,9 @@ def section(target, crit, cmd_note):
     w("| `driver` | `device.hal().malloc/free` per allocation on soma-sim | 2 MiB | "
       "high-water of Σ live granule-rounded sizes |")
     w("")
-    w("Only `soma` pays for the lock, stream-order bookkeeping and (on growth) the simulator's "
-      "real `mmap`/`mprotect` map calls; the others are single-threaded offset arithmetic.")
+    w("Only `soma` and `soma-retain` pay for the lock, stream-order bookkeeping and (on growth) "
+      "the simulator's real `mmap`/`mprotect` map calls; the others are single-threaded offset "
+      "arithmetic.")
     w("")
 
     # ---- 1. hot path
@@ -257,58 +272,103 @@ def section(target, crit, cmd_note):
     w("RAPIDS RMM's benchmark ported (`soma_tools::workload::random_allocations`): 2 × n steps, "
       "allocate with probability 73 % (uniform 1 B … max_size), else free a random live "
       "allocation; live bytes capped at 16 000 MiB; fixed seed; sequence generated outside "
-      "the timed region. ns per op (one criterion iteration = one full replay on a fresh "
-      "allocator, divided by its ops). The driver path runs only for n ≤ 10 000 and the seed "
-      "only where one replay stays short (n ≤ 10 000, or max_size ≥ 64 MiB): fewer cells, "
-      "not fewer iterations.")
+      "the timed region. RMM's methodology (`benchmarks/random_allocations/"
+      "random_allocations.cpp`): one memory resource per benchmark, created outside the "
+      "timing loop, and every iteration replays the whole sequence on it (each replay frees "
+      "everything it allocated), so after the first iteration the pool is warm. Here: one "
+      "allocator instance per (allocator, cell) — for `soma` and `soma-retain` one `MemPool` "
+      "per cell — and every criterion iteration (warm-up included) replays on it; the table "
+      "gives the warm figure, ns per op (criterion mean of one replay divided by its ops). "
+      "Cold = the first replay on a fresh allocator, timed once outside criterion (second "
+      "table). The driver path runs only for n ≤ 10 000 and the seed only where one replay "
+      "stays short (n ≤ 10 000, or max_size ≥ 64 MiB): fewer cells, not fewer iterations.")
     w("")
     cells = load_json(target, "random_allocations") or []
-    slow = {(r["allocator"], r["cell"]): r["ns_per_op"]
-            for r in (load_json(target, "random_allocations_slow") or [])}
-    w("| n × max MiB | ops | " + " | ".join(f"`{a}`" for a in ALLOCATORS) +
-      " | soma-engine / fastest baseline | soma / fastest baseline |")
-    w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|")
-    engine_ok = api_ok = True
-    engine_rel = []
-    api_rel = []
+    slow_rows = load_json(target, "random_allocations_slow") or []
+    slow = {(r["allocator"], r["cell"]): r["ns_per_op"] for r in slow_rows}
+    slow_cold = {(r["allocator"], r["cell"]): r["cold_ns_per_op"] for r in slow_rows
+                 if "cold_ns_per_op" in r}
+
+    def warm(a, cell):
+        # A slow entry is the latest measurement of its pair (every run that measures a pair
+        # replaces or drops its entry), so it wins over a criterion estimate left by an
+        # earlier run.
+        if (a, cell) in slow:
+            return slow[(a, cell)]
+        return crit.get(("random_allocations", a, cell))
+
+    def cold(c, a):
+        v = (c.get("cold_ns_per_op") or {}).get(a)
+        return v if v is not None else slow_cold.get((a, c["cell"]))
+
+    w("| n × max MiB | ops | " + " | ".join(f"`{a}`" for a in ALLOCATORS) + " | " +
+      " | ".join(f"{a} / fastest baseline" for a in VARIANTS) + " |")
+    w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|" * len(VARIANTS))
+    rel = {a: [] for a in VARIANTS}  # (cell, ratio to fastest baseline, beats both slow ones)
     for c in cells:
         cell = c["cell"]
-        v = {a: crit.get(("random_allocations", a, cell), slow.get((a, cell)))
-             for a in ALLOCATORS}
+        v = {a: warm(a, cell) for a in ALLOCATORS}
         base = [v[b] for b in BASELINES if v[b] is not None]
         fastest = min(base) if base else None
-        re_ = ratio(v["soma-engine"], fastest)
-        ra = ratio(v["soma"], fastest)
         slower = [v[b] for b in ("soma-replica", "seed-first-fit") if v[b] is not None]
-        if re_ is not None:
-            engine_rel.append((cell, re_))
-            if re_ > 1.5 or any(v["soma-engine"] >= s for s in slower):
-                engine_ok = False
-        if ra is not None:
-            api_rel.append((cell, ra))
-            if ra > 1.5 or any(v["soma"] >= s for s in slower):
-                api_ok = False
+        ratios = []
+        for a in VARIANTS:
+            r = ratio(v[a], fastest)
+            ratios.append(r)
+            if r is not None:
+                rel[a].append((cell, r, all(v[a] < x for x in slower)))
         w(f"| {cell.replace('x', ' × ')} | {c['ops']} | " +
           " | ".join(fmt_ns(v[a]) + (" †" if (a, cell) in slow else "") for a in ALLOCATORS) +
-          f" | {fmt_ratio(re_)} | {fmt_ratio(ra)} |")
+          " | " + " | ".join(fmt_ratio(r) for r in ratios) + " |")
     w("")
     if slow:
-        w("† one replay, timed once: slower than the bench's limit (1.5 s per replay) for "
-          "criterion's 10 samples (see `random_allocations_slow.json`).")
+        w("† slower than the bench's limit (1.5 s per replay; 0.3 s with `SOMA_BENCH_QUICK=1`) "
+          "for criterion's 10 samples: the second (warm) replay on the instance, timed once "
+          "(see `random_allocations_slow.json`, which also holds the first replay's time).")
         w("")
-    if engine_rel:
-        worst_e = max(engine_rel, key=lambda x: x[1])
-        worst_a = max(api_rel, key=lambda x: x[1]) if api_rel else ("—", 0)
-        w("- Target: every cell faster than the SOMA replica and the seed and within 1.5× of the "
-          f"fastest baseline — engine alone {verdict(engine_ok)} (worst {worst_e[1]:.1f}× at "
-          f"{worst_e[0]}); public API {verdict(api_ok)} (worst {worst_a[1]:.1f}× at "
-          f"{worst_a[0]}).")
-    eng_maps = [c for c in cells if "engine_map_calls" in c]
-    if eng_maps:
-        w("- Driver map calls the engine makes per cell (one untimed replay; the pure offset "
-          "allocators never map): " + ", ".join(
-              f"{c['cell']}: {c['engine_map_calls']} maps / {c['engine_unmap_calls']} unmaps "
-              f"for {c['allocs']} allocs" for c in eng_maps) + ".")
+    for a in VARIANTS:
+        rs = rel[a]
+        if not rs:
+            w(f"- Target (`{a}`): every cell faster than soma-replica and seed-first-fit and "
+              "within 1.5× of the fastest baseline — not measured.")
+            continue
+        ok = all(r <= 1.5 and beats for _, r, beats in rs)
+        worst = max(rs, key=lambda x: x[1])
+        part = "" if len(rs) == len(cells) else f"; {len(rs)} of {len(cells)} cells measured"
+        w(f"- Target (`{a}`): every cell faster than soma-replica and seed-first-fit and within "
+          f"1.5× of the fastest baseline — {verdict(ok)} (worst {worst[1]:.1f}× at "
+          f"{worst[0]}{part}).")
+    w("")
+    w("Cold: ns per op of the first replay on a fresh allocator (one replay, timed once, "
+      "before criterion's iterations on the same instance), beside the warm mean above:")
+    w("")
+    w("| n × max MiB | " + " | ".join(f"`{a}` cold" for a in COLD) + " | " +
+      " | ".join(f"`{a}` cold / warm" for a in ("soma", "soma-engine")) + " |")
+    w("|---|" + "---:|" * (len(COLD) + 2))
+    for c in cells:
+        cell = c["cell"]
+        w(f"| {cell.replace('x', ' × ')} | " + " | ".join(fmt_ns(cold(c, a)) for a in COLD) +
+          " | " + " | ".join(fmt_ratio(ratio(cold(c, a), warm(a, cell)))
+                             for a in ("soma", "soma-engine")) + " |")
+    w("")
+
+    def calls(c, kind, a):
+        m = (c.get(f"{kind}_map_calls") or {}).get(a)
+        u = (c.get(f"{kind}_unmap_calls") or {}).get(a)
+        if m is None and kind == "cold" and a == "soma-engine":  # older JSON
+            m, u = c.get("engine_map_calls"), c.get("engine_unmap_calls")
+        return "—" if m is None or u is None else f"{m} / {u}"
+
+    w("Driver map / unmap calls per replay (the pure offset allocators never map): first = the "
+      "cold replay on a fresh allocator, warm = the second replay on the same instance, what "
+      "every timed iteration repeats (the engines' counting backing and the pools' driver "
+      "calls on soma-sim):")
+    w("")
+    w("| n × max MiB | allocs | " + " | ".join(f"`{a}` first | `{a}` warm" for a in VARIANTS_API_FIRST) + " |")
+    w("|---|---:|" + "---:|" * (2 * len(VARIANTS_API_FIRST)))
+    for c in cells:
+        w(f"| {c['cell'].replace('x', ' × ')} | {c['allocs']} | " + " | ".join(
+            f"{calls(c, 'cold', a)} | {calls(c, 'warm', a)}" for a in VARIANTS_API_FIRST) + " |")
     w("")
 
     # ---- 3. traces
@@ -319,7 +379,8 @@ def section(target, crit, cmd_note):
         w("Skipped: no trace output (the trace directory `../shared/traces` was absent).")
     else:
         w("The PyTorch allocator traces of `../shared/traces/` (see its README), replayed on one "
-          "stream. ns per op (one iteration = one full replay on a fresh allocator):")
+          "stream. ns per op (one iteration = one full replay on a fresh allocator: a trace is "
+          "one program run, so unlike `random_allocations` these figures are cold):")
         w("")
         w("| trace | ops | " + " | ".join(f"`{a}`" for a in ALLOCATORS) + " |")
         w("|---|---:|" + "---:|" * len(ALLOCATORS))
@@ -334,11 +395,12 @@ def section(target, crit, cmd_note):
           "sizes).")
         w("")
         w("| trace | peak live MiB | " + " | ".join(f"`{a}`" for a in ALLOCATORS) +
-          " | soma own | soma maps / unmaps |")
-        w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|")
+          " | soma own | soma maps / unmaps | soma-retain maps / unmaps |")
+        w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|---:|")
         frag_ok = True
         never_worse = True
         notes = []
+        retain = []
         for t in traces:
             peak = t["peak_live_requested"]
             al = t["allocators"]
@@ -352,9 +414,14 @@ def section(target, crit, cmd_note):
                 else:
                     cells_.append("—")
             s = al.get("soma", {})
+            sr = al.get("soma-retain", {})
+            own = s.get("own_fragmentation")
             w(f"| {t['trace']} | {peak / MIB:.0f} | " + " | ".join(cells_) +
-              f" | {s.get('own_fragmentation', 0):.3f} | {s.get('map_calls', '—')} / "
-              f"{s.get('unmap_calls', '—')} |")
+              f" | {'—' if own is None else f'{own:.3f}'} | {s.get('map_calls', '—')} / "
+              f"{s.get('unmap_calls', '—')} | {sr.get('map_calls', '—')} / "
+              f"{sr.get('unmap_calls', '—')} |")
+            if "soma-retain" in fr:
+                retain.append((t["trace"], fr["soma-retain"]))
             if fr.get("soma", 9) > 1.05:
                 frag_ok = False
             better = [b for b in BASELINES + ["driver"] if b in fr and fr[b] < fr.get("soma", 0)]
@@ -367,9 +434,14 @@ def section(target, crit, cmd_note):
           f"{verdict(frag_ok)}.")
         w(f"- Target: never worse than any baseline — {verdict(never_worse)}" +
           (" (" + "; ".join(notes) + ")." if notes else "."))
+        if retain:
+            worst = max(retain, key=lambda x: x[1])
+            w(f"- Without recycling on growth (`soma-retain`, `soma-engine-retain`): "
+              f"fragmentation at most {worst[1]:.3f} ({worst[0]}); the 1.05 target is for the "
+              "default settings.")
         w("- The pure offset allocators never unmap: their peak is the high-water mark of the "
           "address they carved; soma maps granules on demand and recycles free segments "
-          "(`soma maps / unmaps` are its driver calls).")
+          "(`soma maps / unmaps` are its driver calls; `soma-retain` never unmaps on growth).")
     rp = load_json(target, "replay")
     if rp:
         w("")
@@ -484,7 +556,10 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=os.environ.get("CARGO_TARGET_DIR",
                                                        os.path.join(ROOT, "target")))
-    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"))
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"),
+                    help="the document whose generated section is replaced")
+    ap.add_argument("--out", default=None,
+                    help="where to write the result (default: --doc itself)")
     ap.add_argument("--callgrind", action="store_true",
                     help="run soma-hotpath under callgrind first")
     ap.add_argument("--command", default=None, help="the command line to quote")
@@ -508,9 +583,10 @@ def main():
     with open(args.doc) as f:
         doc = f.read()
     new = splice(doc, section(target, crit, cmd))
-    with open(args.doc, "w") as f:
+    out = args.out or args.doc
+    with open(out, "w") as f:
         f.write(new)
-    print(f"updated {args.doc} ({len(crit)} criterion estimates)")
+    print(f"{'updated' if out == args.doc else 'wrote'} {out} ({len(crit)} criterion estimates)")
 
 
 if __name__ == "__main__":
