@@ -116,31 +116,48 @@ impl Slab {
     ///
     /// If more than `u32::MAX - 1` records would exist (a range of at least 2^32 blocks).
     pub fn take(&mut self) -> u32 {
-        if self.vacant != NIL {
-            let idx = self.vacant;
-            let b = &mut self.blocks[idx as usize];
-            self.vacant = b.next_free;
+        self.take_with(Block::vacant())
+    }
+
+    /// Takes a record (vacant one first), stores `b` in it (keeping the record's generation)
+    /// and returns its index. One write of the record: the hot path splits a block per
+    /// allocation.
+    ///
+    /// # Panics
+    ///
+    /// As [`Slab::take`].
+    #[inline]
+    pub fn take_with(&mut self, b: Block) -> u32 {
+        let idx = self.vacant;
+        if let Some(r) = self.blocks.get_mut(idx as usize) {
+            self.vacant = r.next_free;
             self.vacant_count -= 1;
-            let generation = b.generation;
-            *b = Block::vacant();
-            b.generation = generation;
+            *r = Block { generation: r.generation, ..b };
             idx
         } else {
-            let idx = u32::try_from(self.blocks.len()).expect("block slab exceeds u32 indices");
-            assert!(idx != NIL, "block slab exceeds u32 indices");
-            if self.blocks.len() == self.blocks.capacity() {
-                // Grow by 1/16 (at least GROW_MIN records) instead of doubling: the slab
-                // holds at most ~6 % unused capacity, i.e. ≤ 60 bytes of records per block
-                // (still amortised O(1) per record; large reallocations are remaps).
-                let extra = (self.blocks.len() / GROW_DIV).max(GROW_MIN);
-                self.blocks.reserve_exact(extra);
-            }
-            self.blocks.push(Block::vacant());
-            idx
+            self.push(b)
         }
     }
 
+    /// Appends a new record (the vacant chain is empty).
+    #[cold]
+    #[inline(never)]
+    fn push(&mut self, b: Block) -> u32 {
+        let idx = u32::try_from(self.blocks.len()).expect("block slab exceeds u32 indices");
+        assert!(idx != NIL, "block slab exceeds u32 indices");
+        if self.blocks.len() == self.blocks.capacity() {
+            // Grow by 1/16 (at least GROW_MIN records) instead of doubling: the slab holds at
+            // most ~6 % unused capacity, i.e. ≤ 60 bytes of records per block (still
+            // amortised O(1) per record; large reallocations are remaps).
+            let extra = (self.blocks.len() / GROW_DIV).max(GROW_MIN);
+            self.blocks.reserve_exact(extra);
+        }
+        self.blocks.push(Block { generation: 0, ..b });
+        idx
+    }
+
     /// Returns a record to the vacant chain.
+    #[inline]
     pub fn give_back(&mut self, idx: u32) {
         let vacant = self.vacant;
         let b = &mut self.blocks[idx as usize];
@@ -157,41 +174,42 @@ impl Slab {
     /// Splits block `idx` at `at` (strictly inside it): `idx` keeps `[offset, at)`, a new
     /// record with the same kind and tag takes `[at, end)` and is returned. Neither part is
     /// put into a free list.
+    #[inline]
     pub fn split(&mut self, idx: u32, at: u64) -> u32 {
-        let new = self.take();
-        let old = self.blocks[idx as usize];
+        let old = &mut self.blocks[idx as usize];
         debug_assert!(at > old.offset && at < old.end());
-        let generation = self.blocks[new as usize].generation;
-        self.blocks[new as usize] = Block {
+        let (end, next) = (old.end(), old.next);
+        let tail = Block {
             offset: at,
-            size: old.end() - at,
+            size: end - at,
             prev: idx,
-            next: old.next,
+            next,
             prev_free: NIL,
             next_free: NIL,
-            generation,
-            ..old
+            ..*old
         };
-        if old.next != NIL {
-            self.blocks[old.next as usize].prev = new;
+        old.size = at - old.offset;
+        let new = self.take_with(tail);
+        self.blocks[idx as usize].next = new;
+        if next != NIL {
+            self.blocks[next as usize].prev = new;
         }
-        let b = &mut self.blocks[idx as usize];
-        b.size = at - old.offset;
-        b.next = new;
         new
     }
 
     /// Merges block `right` (the address-order successor of `left`) into `left` and vacates
     /// `right`. Kinds and tags are the caller's business.
+    #[inline]
     pub fn absorb_next(&mut self, left: u32, right: u32) {
-        let r = self.blocks[right as usize];
-        debug_assert_eq!(self.blocks[left as usize].next, right);
+        let r = &self.blocks[right as usize];
         debug_assert_eq!(r.prev, left);
+        let (r_size, r_next) = (r.size, r.next);
         let l = &mut self.blocks[left as usize];
-        l.size += r.size;
-        l.next = r.next;
-        if r.next != NIL {
-            self.blocks[r.next as usize].prev = left;
+        debug_assert_eq!(l.next, right);
+        l.size += r_size;
+        l.next = r_next;
+        if r_next != NIL {
+            self.blocks[r_next as usize].prev = left;
         }
         self.give_back(right);
     }

@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::block::{Block, Kind, NIL};
-use super::tlsf::{class_at_least, class_index, class_of, FreeIndex, SL};
+use super::tlsf::{class_at_least, class_floor_bytes, class_index, FreeIndex, SL};
 use super::{
     align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees, ReuseKind,
     StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
@@ -37,6 +37,12 @@ pub(super) fn kind_for(pos: u64, e: &Eligibility) -> Option<ReuseKind> {
 #[inline]
 fn bound_of(e: &Eligibility) -> u64 {
     e.host_observed.max(e.event).max(e.completed)
+}
+
+/// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
+#[inline]
+fn mergeable(a: &Block, b: &Block) -> bool {
+    a.kind == Kind::Free && b.kind == Kind::Free && (!a.tagged || !b.tagged || a.stream == b.stream)
 }
 
 /// Whether `size` bytes aligned to `align` fit in block `b`.
@@ -81,10 +87,7 @@ impl Engine {
     /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
     #[inline]
     pub(super) fn mergeable(&self, a: u32, b: u32) -> bool {
-        let (a, b) = (&self.slab.blocks[a as usize], &self.slab.blocks[b as usize]);
-        a.kind == Kind::Free
-            && b.kind == Kind::Free
-            && (!a.tagged || !b.tagged || a.stream == b.stream)
+        mergeable(&self.slab.blocks[a as usize], &self.slab.blocks[b as usize])
     }
 
     /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
@@ -147,8 +150,8 @@ impl Engine {
         let blocks = &self.slab.blocks;
         let b = &blocks[idx as usize];
         let (prev, next) = (b.prev, b.next);
-        let merge_p = prev != NIL && self.mergeable(prev, idx);
-        let merge_n = next != NIL && self.mergeable(idx, next);
+        let merge_p = prev != NIL && mergeable(&blocks[prev as usize], b);
+        let merge_n = next != NIL && mergeable(b, &blocks[next as usize]);
         let (keep, other, indexed) = match (merge_p, merge_n) {
             // `prev` absorbs `idx` and keeps its list position.
             (true, false) => (prev, idx, prev),
@@ -172,7 +175,7 @@ impl Engine {
         }
         let merged = k.size + o.size;
         // The merged block may stay one class above the list that holds it (see `tlsf.rs`).
-        if class_index(merged >> self.unit_shift) > usize::from(ib.cls) + 1 {
+        if merged >= class_floor_bytes(usize::from(ib.cls) + 2, self.unit_shift) {
             return None;
         }
         let added = merged - ib.size;
@@ -282,26 +285,28 @@ impl Engine {
         reuse: Option<ReuseKind>,
         dependency: Option<FreeTag>,
     ) -> Allocation {
-        let b = self.slab.blocks[idx as usize];
-        let start = align_up(b.offset, align);
-        if start == b.offset && b.size > size {
-            // Carving the front: when the rest is not below the list that holds the block
-            // (see `tlsf.rs`), the rest takes the block's list position instead of a remove
-            // and a reinsert (it cannot merge with its next neighbour, which did not merge
-            // with the block either).
-            if class_index((b.size - size) >> self.unit_shift) >= usize::from(b.cls) {
-                let t = self.slab.split(idx, start + size);
-                let ix = self.indexes[index_slot(b.tagged, b.stream)]
-                    .as_mut()
-                    .expect("a free block's index exists");
-                ix.replace(&mut self.slab.blocks, idx, t);
-                ix.bytes -= size;
-                self.stats.free_bytes -= size;
-                if b.tagged {
-                    self.stats.pending_bytes -= size;
-                }
-                return self.make_live(idx, start, size, align, reuse, dependency);
+        let b = &self.slab.blocks[idx as usize];
+        let (offset, b_size, cls, tagged, stream) = (b.offset, b.size, b.cls, b.tagged, b.stream);
+        let start = align_up(offset, align);
+        // Carving the front: when the rest is not below the list that holds the block (see
+        // `tlsf.rs`), the rest takes the block's list position instead of a remove and a
+        // reinsert (it cannot merge with its next neighbour, which did not merge with the
+        // block either).
+        if start == offset
+            && b_size > size
+            && b_size - size >= class_floor_bytes(usize::from(cls), self.unit_shift)
+        {
+            let t = self.slab.split(idx, start + size);
+            let ix = self.indexes[index_slot(tagged, stream)]
+                .as_mut()
+                .expect("a free block's index exists");
+            ix.replace(&mut self.slab.blocks, idx, t);
+            ix.bytes -= size;
+            self.stats.free_bytes -= size;
+            if tagged {
+                self.stats.pending_bytes -= size;
             }
+            return self.make_live(idx, start, size, align, reuse, dependency);
         }
         self.remove_free(idx);
         self.finish_alloc(idx, start, size, align, reuse, dependency)
@@ -349,27 +354,29 @@ impl Engine {
         }
         let blocks = &self.slab.blocks;
         let ok = |b: &Block| bound.is_none_or(|bound| b.pos < bound);
-        let units = size >> self.unit_shift;
-        let (fl, sl) = class_of(units);
-        let mut cur = ix.head(fl, sl);
-        let mut seen = 0;
-        let (mut best, mut best_size) = (NIL, u64::MAX);
-        // A block one class above its list (see `tlsf.rs`) is left to the good-fit step.
-        let stale = |b: &Block| class_index(b.size >> self.unit_shift) != usize::from(b.cls);
-        while cur != NIL && seen < OWN_CLASS_SCAN {
-            let b = &blocks[cur as usize];
-            seen += 1;
-            if b.size < best_size && !stale(b) && ok(b) && fits(b, size, align) {
-                best = cur;
-                best_size = b.size;
-                if b.size == size {
-                    break;
+        let own = class_index(size >> self.unit_shift);
+        let mut cur = ix.head_at(own);
+        if cur != NIL {
+            // A block one class above its list (see `tlsf.rs`) — at least the next class's
+            // floor — is left to the good-fit step.
+            let stale_from = class_floor_bytes(own + 1, self.unit_shift);
+            let mut seen = 0;
+            let (mut best, mut best_size) = (NIL, u64::MAX);
+            while cur != NIL && seen < OWN_CLASS_SCAN {
+                let b = &blocks[cur as usize];
+                seen += 1;
+                if b.size < best_size && b.size < stale_from && ok(b) && fits(b, size, align) {
+                    best = cur;
+                    best_size = b.size;
+                    if b.size == size {
+                        break;
+                    }
                 }
+                cur = b.next_free;
             }
-            cur = b.next_free;
-        }
-        if best != NIL {
-            return Some(best);
+            if best != NIL {
+                return Some(best);
+            }
         }
         let pad = align.saturating_sub(self.cfg.alignment);
         let need_units = size.checked_add(pad)? >> self.unit_shift;
@@ -378,6 +385,7 @@ impl Engine {
         loop {
             let (f, s) = ix.first_at_or_above(fl, sl)?;
             let mut cur = ix.head(f, s);
+            let stale_from = class_floor_bytes(f * SL + s + 1, self.unit_shift);
             // Prefer a block of the list's own class over one a class above it (which sits
             // here only because it grew or shrank in place): the first acceptable block of
             // the list's own class among the first OWN_CLASS_SCAN acceptable ones, else the
@@ -391,7 +399,7 @@ impl Engine {
                 let b = &blocks[cur as usize];
                 if ok(b) {
                     debug_assert!(fits(b, size, align));
-                    if !stale(b) {
+                    if b.size < stale_from {
                         return Some(cur);
                     }
                     if fallback == NIL {
@@ -431,7 +439,11 @@ impl Engine {
             // An exact fit cannot be beaten (the hot path: the block this stream just freed).
             return Some((o, Some(ReuseKind::SameStream)));
         }
-        let fresh = self.search(0, size, align, None, usize::MAX);
+        let fresh = if self.indexes[0].as_ref().is_some_and(|ix| ix.count > 0) {
+            self.search(0, size, align, None, usize::MAX)
+        } else {
+            None
+        };
         match (own, fresh) {
             (Some(o), Some(f)) if size_of(f) < size_of(o) => return Some((f, None)),
             (Some(o), _) => return Some((o, Some(ReuseKind::SameStream))),

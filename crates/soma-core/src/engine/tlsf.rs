@@ -81,6 +81,25 @@ pub(super) fn class_floor(fl: usize, sl: usize) -> u64 {
     }
 }
 
+/// The smallest size in bytes of the class with linear index `c` (units of `1 << unit_shift`
+/// bytes); `u64::MAX` when that size does not fit in 64 bits. Comparing a size against the
+/// floor of a class is cheaper than computing the size's class.
+#[inline]
+pub(super) fn class_floor_bytes(c: usize, unit_shift: u32) -> u64 {
+    // Class (fl, sl) with fl ≥ 1 starts at (32 + sl) << (fl - 1) units (see the module docs).
+    let (fl, sl) = ((c >> SL_LOG2) as u32, (c & (SL - 1)) as u64);
+    let (base, shift) =
+        if fl == 0 { (sl, unit_shift) } else { (SL as u64 + sl, fl - 1 + unit_shift) };
+    // base < 64: `base << shift` fits while shift ≤ 58.
+    if shift <= 58 {
+        base << shift
+    } else if base == 0 {
+        0
+    } else {
+        u64::MAX
+    }
+}
+
 /// The free blocks of one stream tag (or of the untagged, never-used memory).
 #[derive(Debug)]
 pub(super) struct FreeIndex {
@@ -161,28 +180,27 @@ impl FreeIndex {
     ///
     /// O(1).
     pub fn remove(&mut self, blocks: &mut [Block], idx: u32) {
-        let b = blocks[idx as usize];
-        let slot = b.cls as usize;
-        let (fl, sl) = (slot / SL, slot % SL);
-        if b.prev_free != NIL {
-            blocks[b.prev_free as usize].next_free = b.next_free;
+        let b = &mut blocks[idx as usize];
+        let (slot, prev_free, next_free, size) = (b.cls as usize, b.prev_free, b.next_free, b.size);
+        b.prev_free = NIL;
+        b.next_free = NIL;
+        if prev_free != NIL {
+            blocks[prev_free as usize].next_free = next_free;
         } else {
             debug_assert_eq!(self.heads[slot], idx);
-            self.heads[slot] = b.next_free;
-            if b.next_free == NIL {
+            self.heads[slot] = next_free;
+            if next_free == NIL {
+                let (fl, sl) = (slot / SL, slot % SL);
                 self.sl_bitmap[fl] &= !(1 << sl);
                 if self.sl_bitmap[fl] == 0 {
                     self.fl_bitmap &= !(1 << fl);
                 }
             }
         }
-        if b.next_free != NIL {
-            blocks[b.next_free as usize].prev_free = b.prev_free;
+        if next_free != NIL {
+            blocks[next_free as usize].prev_free = prev_free;
         }
-        let b = &mut blocks[idx as usize];
-        b.prev_free = NIL;
-        b.next_free = NIL;
-        self.bytes -= b.size;
+        self.bytes -= size;
         self.count -= 1;
         if self.count == 0 {
             self.max_pos = 0;
@@ -199,23 +217,23 @@ impl FreeIndex {
     /// O(1) (no bitmap change).
     #[inline]
     pub fn replace(&mut self, blocks: &mut [Block], old: u32, new: u32) {
-        let o = blocks[old as usize];
-        if o.prev_free != NIL {
-            blocks[o.prev_free as usize].next_free = new;
-        } else {
-            debug_assert_eq!(self.heads[o.cls as usize], old);
-            self.heads[o.cls as usize] = new;
-        }
-        if o.next_free != NIL {
-            blocks[o.next_free as usize].prev_free = new;
-        }
-        let n = &mut blocks[new as usize];
-        n.prev_free = o.prev_free;
-        n.next_free = o.next_free;
-        n.cls = o.cls;
         let o = &mut blocks[old as usize];
+        let (prev_free, next_free, cls) = (o.prev_free, o.next_free, o.cls);
         o.prev_free = NIL;
         o.next_free = NIL;
+        if prev_free != NIL {
+            blocks[prev_free as usize].next_free = new;
+        } else {
+            debug_assert_eq!(self.heads[cls as usize], old);
+            self.heads[cls as usize] = new;
+        }
+        if next_free != NIL {
+            blocks[next_free as usize].prev_free = new;
+        }
+        let n = &mut blocks[new as usize];
+        n.prev_free = prev_free;
+        n.next_free = next_free;
+        n.cls = cls;
     }
 
     /// The first non-empty class at or above `(fl, sl)` in size order.
@@ -311,5 +329,27 @@ mod tests {
         let (fl, _) = class_of(u64::MAX);
         assert!(fl < FL);
         assert_eq!(class_at_least(u64::MAX), None);
+        // floors in bytes agree with the unit floors, saturating past 64 bits
+        for c in 0..FL * SL {
+            let (fl, sl) = (c / SL, c % SL);
+            for shift in [5, 9, 21] {
+                let bytes = class_floor_bytes(c, shift);
+                if fl + SL_LOG2 as usize - 1 < 64 {
+                    let units = class_floor(fl, sl);
+                    match units.checked_mul(1 << shift) {
+                        Some(b) => assert_eq!(bytes, b, "class {c} shift {shift}"),
+                        None => assert_eq!(bytes, u64::MAX),
+                    }
+                } else {
+                    assert_eq!(bytes, u64::MAX);
+                }
+            }
+        }
+        // a size is in class c or above exactly when it reaches c's floor
+        for u in 1..5000u64 {
+            let c = class_index(u);
+            assert!(u << 9 >= class_floor_bytes(c, 9));
+            assert!(u << 9 < class_floor_bytes(c + 1, 9));
+        }
     }
 }
