@@ -21,6 +21,7 @@ mod error;
 mod event;
 mod pool;
 mod stream;
+mod sync;
 
 pub use buffer::{BufferOwner, DeviceBuffer, DriverAlloc};
 pub use clock::VectorClock;
@@ -32,3 +33,8 @@ pub use pool::{
     MemPool, MemPoolBuilder, OomAction, OomHook, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
+
+/// The free ring, public only for its loom model (`tests/loom.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use pool::free_ring;

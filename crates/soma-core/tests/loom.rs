@@ -18,6 +18,9 @@
 //!    free of the *new* incarnation look complete, and a stale tag of the old incarnation is
 //!    complete only with the old writes visible.
 //!
+//! The free ring (`src/pool/free_ring.rs`) is modelled with its own code at the end of this
+//! file (`mod free_ring`).
+//!
 //! Two more models cover the vector-clock side: a stream's clock against its task queue when
 //! one thread records an event on the stream while another makes it wait
 //! (`a_record_never_claims_a_later_wait`), and `Event::synchronize` against a concurrent
@@ -416,4 +419,132 @@ fn event_synchronize_published_an_older_record_before_the_fix() {
 #[test]
 fn event_synchronize_publishes_only_what_it_waited_for() {
     event_sync_model(true);
+}
+
+// ---------------------------------------------------------------------------------------
+// The pool's free ring (`src/pool/free_ring.rs`): typed frees pushed without the pool's lock,
+// taken by the lock's drain or by an allocation of the same stream and size. This model runs
+// the ring's own code (re-exported under `--cfg loom`), with two slots.
+//
+// What must hold: every pushed free is taken exactly once; whoever takes it sees the previous
+// owner's last writes to the block (the push happens-before the pop); a drain takes every push
+// that returned before it started.
+
+mod free_ring {
+    use super::*;
+    use soma_core::engine::{BlockId, FreeTag};
+    use soma_core::free_ring::{FreeRing, RingedFree};
+
+    /// Device memory of the blocks, as loom cells: the previous owner writes before its free,
+    /// the next owner after taking it.
+    struct Blocks([UnsafeCell<u64>; 3]);
+
+    impl Blocks {
+        fn new() -> Arc<Blocks> {
+            Arc::new(Blocks([UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)]))
+        }
+
+        fn write(&self, block: u64, value: u64) {
+            // SAFETY: exclusive unless the ring fails to order the two owners — which is
+            // what loom checks.
+            self.0[block as usize].with_mut(|p| unsafe { *p = value });
+        }
+    }
+
+    fn entry(block: u64) -> RingedFree {
+        RingedFree {
+            block: BlockId::from_raw(block),
+            offset: block * 512,
+            size: 512,
+            tag: FreeTag { stream: block as u32 % 2, pos: block },
+        }
+    }
+
+    /// Two threads free (write, then push); an allocation of stream 1 takes what matches
+    /// without the lock; the "lock" drains the rest.
+    fn two_frees_one_bypass_one_drain(ring: fn() -> FreeRing) {
+        loom::model(move || {
+            let ring = Arc::new(ring());
+            let blocks = Blocks::new();
+            let taken = Arc::new(Mutex::new(Vec::new()));
+            let producers: Vec<_> = [1u64, 2]
+                .into_iter()
+                .map(|b| {
+                    let (ring, blocks) = (Arc::clone(&ring), Arc::clone(&blocks));
+                    thread::spawn(move || {
+                        blocks.write(b, 10 + b);
+                        ring.push(entry(b)).unwrap();
+                    })
+                })
+                .collect();
+            let bypass = {
+                let (ring, blocks, taken) =
+                    (Arc::clone(&ring), Arc::clone(&blocks), Arc::clone(&taken));
+                thread::spawn(move || {
+                    if let Some(f) = ring.pop_if(|f| f.tag.stream == 1) {
+                        blocks.write(f.block.to_raw(), 99);
+                        taken.lock().unwrap().push(f.block.to_raw());
+                    }
+                })
+            };
+            let drain = |ring: &FreeRing| {
+                ring.drain(|f| {
+                    blocks.write(f.block.to_raw(), 77);
+                    taken.lock().unwrap().push(f.block.to_raw());
+                })
+            };
+            drain(&ring);
+            for p in producers {
+                p.join().unwrap();
+            }
+            bypass.join().unwrap();
+            drain(&ring);
+            let mut all = taken.lock().unwrap().clone();
+            all.sort_unstable();
+            assert_eq!(all, [1, 2], "each free taken exactly once");
+            assert_eq!(ring.consumed(), ring.produced());
+        });
+    }
+
+    #[test]
+    fn each_free_is_taken_once_after_its_owner_wrote() {
+        two_frees_one_bypass_one_drain(|| FreeRing::with_capacity(2));
+    }
+
+    /// The planted bug: entries published with `Relaxed` instead of `Release` — a consumer
+    /// can read the slot before its fields (a wrong block, caught by the "taken exactly once"
+    /// check) and its writes then race with the previous owner's.
+    #[test]
+    #[should_panic]
+    fn relaxed_publication_is_caught() {
+        two_frees_one_bypass_one_drain(|| FreeRing::with_relaxed_publication(2));
+    }
+
+    /// A drain that starts after a push returned takes it (the thread that freed and then
+    /// reads the pool's stats sees its free), even with a slower push claimed before it.
+    #[test]
+    fn a_drain_takes_every_push_that_returned() {
+        loom::model(|| {
+            let ring = Arc::new(FreeRing::with_capacity(2));
+            let returned = Arc::new(AtomicU64::new(0));
+            let slow = {
+                let ring = Arc::clone(&ring);
+                thread::spawn(move || ring.push(entry(1)).unwrap())
+            };
+            let fast = {
+                let (ring, returned) = (Arc::clone(&ring), Arc::clone(&returned));
+                thread::spawn(move || {
+                    ring.push(entry(2)).unwrap();
+                    returned.store(1, Ordering::Release);
+                })
+            };
+            if returned.load(Ordering::Acquire) == 1 {
+                let mut seen = Vec::new();
+                ring.drain(|f| seen.push(f.block.to_raw()));
+                assert!(seen.contains(&2), "a returned push is drained: {seen:?}");
+            }
+            slow.join().unwrap();
+            fast.join().unwrap();
+        });
+    }
 }

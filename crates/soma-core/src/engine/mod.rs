@@ -276,6 +276,17 @@ impl BlockId {
         self.0 as u32
     }
 
+    /// The id as one word, e.g. to keep it in an atomic (the pool's lock-free free ring).
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+
+    /// The id [`to_raw`](Self::to_raw) gave. An arbitrary word is a valid `BlockId` value:
+    /// the engine rejects ids that name no block.
+    pub fn from_raw(raw: u64) -> BlockId {
+        BlockId(raw)
+    }
+
     fn generation(self) -> u32 {
         (self.0 >> 32) as u32
     }
@@ -802,8 +813,11 @@ impl Engine {
     ///
     /// O(1).
     pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
-        let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
-        let b = &mut self.slab.blocks[idx as usize];
+        let idx = block.index();
+        let b = match self.slab.blocks.get_mut(idx as usize) {
+            Some(b) if b.kind != Kind::Vacant && b.generation == block.generation() => b,
+            _ => return Err(FreeError::UnknownBlock),
+        };
         if b.kind != Kind::Live {
             return Err(FreeError::NotLive);
         }
@@ -820,6 +834,16 @@ impl Engine {
         self.stats.frees += 1;
         self.insert_free_coalesce(idx);
         Ok(())
+    }
+
+    /// Counts `n` frees, each followed by an allocation of the same block on the same
+    /// stream, that the caller handled without the engine (the pool's free ring): the
+    /// block stayed live throughout, so only the counters change — `frees`, `allocs` and
+    /// same-stream reuses grow by `n`.
+    pub fn count_repeated_pairs(&mut self, n: u64) {
+        self.stats.frees += n;
+        self.stats.allocs += n;
+        self.stats.reuses[ReuseKind::SameStream.index()] += n;
     }
 
     /// The live block that starts exactly at `offset`, with its size. Always `None` unless

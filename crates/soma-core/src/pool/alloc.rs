@@ -84,9 +84,10 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         let location = std::panic::Location::caller();
         let uses = std::mem::take(&mut *self.uses.lock());
         let device = &self.pool.device().shared;
-        self.pool.core().free_block(
+        self.pool.core().free_typed(
             device,
             (self.block, self.ptr),
+            self.byte_len_internal(),
             self.stream,
             &uses,
             Some(location),
@@ -182,10 +183,12 @@ impl<T> Drop for PoolAlloc<'_, T> {
             return;
         }
         // `&mut self`: no other reference exists, so the uses need no lock.
+        let bytes = self.byte_len_internal();
         let uses = self.uses.get_mut();
-        let result = self.pool.core().free_block(
+        let result = self.pool.core().free_typed(
             &self.pool.device().shared,
             (self.block, self.ptr),
+            bytes,
             self.stream,
             uses,
             None,

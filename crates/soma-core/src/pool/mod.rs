@@ -2,6 +2,7 @@
 
 mod alloc;
 pub mod attr;
+pub mod free_ring;
 mod observe_api;
 mod passthrough;
 mod stats;
@@ -9,7 +10,7 @@ mod stats;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 pub use alloc::PoolAlloc;
 
@@ -395,6 +396,8 @@ impl MemPoolBuilder {
             None if !info.supports_vmm => hal.malloc(max_size)?,
             None => hal.reserve(max_size)?,
         };
+        let ring_possible = native.is_none();
+        let annotate = device.hal().wants_annotations();
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let core = Arc::new(PoolCore {
             hal,
@@ -412,14 +415,20 @@ impl MemPoolBuilder {
                 ooms: 0,
                 history: (self.history > 0).then(|| History::new(self.history)),
                 raw_blocks: std::collections::HashSet::new(),
+                ring_accounted: 0,
             }),
             created: Instant::now(),
             on_oom: self.on_oom,
-            annotate: device.hal().wants_annotations(),
+            annotate,
             preallocated: native.is_none() && !info.supports_vmm,
             native,
             passthrough: self.passthrough.then(passthrough::Passthrough::default),
             history_on: self.history > 0,
+            // Every free must reach the engine at once for the sanitizer's annotations, the
+            // history and pass-through mode; a native pool has no engine.
+            free_ring: (ring_possible && !self.passthrough && self.history == 0 && !annotate)
+                .then(free_ring::FreeRing::new),
+            sticky_hint: AtomicBool::new(false),
         });
         device.shared.register_pool(&core);
         crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
@@ -438,6 +447,8 @@ pub(crate) struct PoolInner {
     /// Blocks handed out by `alloc_raw` (by block id): only these may be freed by pointer,
     /// never the block of a live typed `PoolAlloc`.
     raw_blocks: std::collections::HashSet<BlockId>,
+    /// Free-ring tickets accounted in the engine (drained, or counted as handed out again).
+    ring_accounted: u64,
 }
 
 impl PoolInner {
@@ -521,6 +532,12 @@ pub(crate) struct PoolCore {
     /// Whether the pool keeps a history (fixed at creation: the hot path checks this flag,
     /// not the locked state).
     history_on: bool,
+    /// Typed frees waiting for the engine (see `free_ring.rs`); `None` when every free must
+    /// reach the engine at once (annotations, history, pass-through, native pools).
+    free_ring: Option<free_ring::FreeRing>,
+    /// Set whenever a sticky error is stored (cleared when it is taken): the lock-free
+    /// allocation path leaves it to the locked one to report.
+    sticky_hint: AtomicBool,
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
@@ -646,6 +663,106 @@ impl StreamOrder for Order<'_> {
 }
 
 impl PoolCore {
+    /// Locks the pool's state, first handing the frees waiting in the free ring to the
+    /// engine: whatever runs under the lock sees every free that returned before it.
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolInner> {
+        let mut inner = self.inner.lock();
+        if let Some(ring) = &self.free_ring {
+            if ring.produced() != inner.ring_accounted {
+                self.drain_ring(ring, &mut inner);
+            }
+        }
+        inner
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drain_ring(&self, ring: &free_ring::FreeRing, inner: &mut PoolInner) {
+        let mut failed = None;
+        let engine = &mut inner.engine;
+        let drained = ring.drain(|f| {
+            if let Err(e) = engine.free(f.block, f.tag) {
+                failed.get_or_insert((f.block, e));
+            }
+        });
+        // Tickets taken by allocations of the same stream and size: a free and an
+        // allocation the engine never saw.
+        let consumed = ring.consumed();
+        engine.count_repeated_pairs(consumed - inner.ring_accounted - drained);
+        inner.ring_accounted = consumed;
+        if let Some((block, e)) = failed {
+            self.put_sticky(
+                inner,
+                Error::InvalidArgument(format!("free of block {block:?} failed: {e:?}")),
+            );
+        }
+    }
+
+    /// Stores `error` for the next fallible call (the first one stays).
+    fn put_sticky(&self, inner: &mut PoolInner, error: Error) {
+        inner.sticky.get_or_insert(error);
+        self.sticky_hint.store(true, Ordering::Relaxed);
+    }
+
+    /// Takes the stored error, if any.
+    fn take_sticky(&self, inner: &mut PoolInner) -> Option<Error> {
+        let e = inner.sticky.take();
+        if e.is_some() {
+            self.sticky_hint.store(false, Ordering::Relaxed);
+        }
+        e
+    }
+
+    /// The lock-free allocation path: the oldest free of the free ring, if it was made on
+    /// `stream` with the size a request of `bytes` gets — what the engine's search would hand
+    /// out (an exact fit freed on the requesting stream), without taking the lock.
+    #[inline]
+    pub(crate) fn reuse_ringed(&self, bytes: u64, stream: &Stream<'_>) -> Option<Granted> {
+        let ring = self.free_ring.as_ref()?;
+        if self.sticky_hint.load(Ordering::Relaxed) {
+            return None;
+        }
+        let size = bytes.checked_add(self.alignment - 1)? & !(self.alignment - 1);
+        let slot = stream.slot();
+        let f = ring.pop_if(|f| f.tag.stream == slot && f.size == size)?;
+        Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size })
+    }
+
+    /// Frees a typed allocation (`PoolAlloc`): through the free ring when the pool has one
+    /// (no lock), else as [`PoolCore::free_block`].
+    #[inline]
+    pub(crate) fn free_typed(
+        &self,
+        device: &DeviceShared,
+        granted: (Option<BlockId>, DevicePtr),
+        bytes: u64,
+        stream: &Stream<'_>,
+        other_uses: &[StreamSlot],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<()> {
+        let (Some(ring), (Some(block), ptr)) = (&self.free_ring, granted) else {
+            return self.free_block(device, granted, stream, other_uses, location);
+        };
+        self.wait_for_uses(device, stream, other_uses)?;
+        let f = free_ring::RingedFree {
+            block,
+            offset: ptr.offset_from(self.base).unwrap_or(0),
+            size: bytes.div_ceil(self.alignment) * self.alignment,
+            tag: FreeTag { stream: stream.slot(), pos: stream.position() },
+        };
+        if ring.push(f).is_err() {
+            // Full: drain it (the lock does) and free directly.
+            let mut inner = self.lock();
+            inner.engine.free(f.block, f.tag).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "free of block {block:?} failed: {e:?} (double free?)"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     fn reuse_policy(&self) -> ReusePolicy {
         ReusePolicy::from_bits(self.reuse.load(Ordering::Relaxed))
     }
@@ -678,11 +795,11 @@ impl PoolCore {
     }
 
     pub(crate) fn engine_stats(&self) -> EngineStats {
-        self.inner.lock().engine.stats()
+        self.lock().engine.stats()
     }
 
     pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
-        f(&mut self.inner.lock().engine)
+        f(&mut self.lock().engine)
     }
 
     pub(crate) fn ptr_at(&self, offset: u64) -> DevicePtr {
@@ -717,10 +834,13 @@ impl PoolCore {
         let order = Order { device, requester: None, reuse: 0 };
         let (engine, mut backing) = inner.parts(self);
         if let Err(e) = engine.release(0, &order, &mut backing) {
-            inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
-                code: -1,
-                message: format!("pass-through release failed: {e:?}"),
-            }));
+            self.put_sticky(
+                inner,
+                Error::Driver(crate::hal::DriverError::Native {
+                    code: -1,
+                    message: format!("pass-through release failed: {e:?}"),
+                }),
+            );
         }
     }
 
@@ -731,7 +851,7 @@ impl PoolCore {
             return;
         }
         let threshold = self.release_threshold();
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         self.drain_passthrough(device, &mut inner);
         if inner.engine.reserved() <= threshold {
             return;
@@ -744,16 +864,18 @@ impl PoolCore {
                 inner.record(self, RecordKind::Trim, 0, 0, released, 0)
             }
             Err(e) => {
-                inner.sticky.get_or_insert(Error::Driver(crate::hal::DriverError::Native {
+                let error = Error::Driver(crate::hal::DriverError::Native {
                     code: -1,
                     message: format!("releasing memory at the threshold failed: {e:?}"),
-                }));
+                });
+                self.put_sticky(&mut inner, error);
             }
         }
     }
 
     pub(crate) fn set_sticky(&self, error: Error) {
-        self.inner.lock().sticky.get_or_insert(error);
+        let mut inner = self.lock();
+        self.put_sticky(&mut inner, error);
     }
 
     /// Allocates `bytes` for `stream` (rounded to the pool's alignment), waiting for other
@@ -767,7 +889,7 @@ impl PoolCore {
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
     ) -> Result<Granted> {
         if let Some(native) = &self.native {
-            if let Some(e) = self.inner.lock().sticky.take() {
+            if let Some(e) = self.take_sticky(&mut self.lock()) {
                 return Err(e);
             }
             let ptr = native.malloc_async(bytes, &**stream.hal())?;
@@ -808,9 +930,9 @@ impl PoolCore {
         let reuse = self.reuse.load(Ordering::Relaxed);
         let order = Order { device, requester: Some(stream), reuse };
         let first = {
-            let mut inner = self.inner.lock();
+            let mut inner = self.lock();
             self.drain_passthrough(device, &mut inner);
-            if let Some(e) = inner.sticky.take() {
+            if let Some(e) = self.take_sticky(&mut inner) {
                 return Err(e);
             }
             let (engine, mut backing) = inner.parts(self);
@@ -851,7 +973,7 @@ impl PoolCore {
                         device.observe(pending.stream, enqueued + 1);
                     }
                 }
-                let mut inner = self.inner.lock();
+                let mut inner = self.lock();
                 inner.oom_retries += 1;
                 let (engine, mut backing) = inner.parts(self);
                 engine
@@ -865,7 +987,7 @@ impl PoolCore {
             Err((e, retried)) => {
                 let oom = matches!(e, AllocError::OutOfMemory(_));
                 let error = self.alloc_error(e, bytes, stream, retried, &first_pending);
-                let mut inner = self.inner.lock();
+                let mut inner = self.lock();
                 if oom {
                     inner.ooms += 1;
                 }
@@ -893,7 +1015,7 @@ impl PoolCore {
         if let Some(tag) = allocation.dependency {
             if let Err(e) = self.insert_dependency(device, tag, stream) {
                 // Give the block back where it came from: its original tag keeps it safe.
-                let _ = self.inner.lock().engine.free(allocation.block, tag);
+                let _ = self.lock().engine.free(allocation.block, tag);
                 return Err(e);
             }
         }
@@ -907,7 +1029,7 @@ impl PoolCore {
             });
         }
         if self.history_on {
-            let mut inner = self.inner.lock();
+            let mut inner = self.lock();
             inner.record_full(
                 self,
                 RecordKind::Alloc,
@@ -1030,7 +1152,7 @@ impl PoolCore {
         // thread enqueueing on the stream in between must not move one without the other.
         let (local, global) = stream.positions();
         let tag = FreeTag { stream: stream.slot(), pos: global };
-        let mut inner = self.inner.lock();
+        let mut inner = self.lock();
         let info = if self.history_on || self.annotate { inner.engine.block(block) } else { None };
         if self.annotate {
             if let Some(info) = info.filter(|i| i.state == crate::engine::BlockState::Live) {
@@ -1136,6 +1258,9 @@ impl<'d> MemPool<'d> {
     ) -> Result<PoolAlloc<'s, T>> {
         stream.check_device(self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
+        if let Some(g) = self.core.reuse_ringed(bytes, stream) {
+            return Ok(PoolAlloc::new(self, stream, g.block, g.ptr, len));
+        }
         let location = Location::caller();
         let allocation =
             self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut |_| {
@@ -1175,6 +1300,9 @@ impl<'d> MemPool<'d> {
         stream.check_device(self.device, "the pool")?;
         let location = Location::caller();
         let bytes = bytes_for::<T>(len)?;
+        if let Some(g) = self.core.reuse_ringed(bytes, stream) {
+            return Ok(PoolAlloc::new(self, stream, g.block, g.ptr, len));
+        }
         let allocation =
             self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut on_oom)?;
         Ok(PoolAlloc::new(self, stream, allocation.block, allocation.ptr, len))
@@ -1194,7 +1322,7 @@ impl<'d> MemPool<'d> {
             .core
             .allocate(&self.device.shared, bytes, stream, None, &mut |_| OomAction::Fail)?;
         if let Some(block) = a.block {
-            self.core.inner.lock().raw_blocks.insert(block);
+            self.core.lock().raw_blocks.insert(block);
         }
         Ok((a.ptr, a.size))
     }
@@ -1209,26 +1337,25 @@ impl<'d> MemPool<'d> {
         if self.core.native.is_some() {
             return self.core.free_block(&self.device.shared, (None, ptr), stream, &[], None);
         }
-        let block = self
-            .lookup(ptr)
-            .filter(|b| self.core.inner.lock().raw_blocks.remove(b))
-            .ok_or_else(|| {
+        let block = self.lookup(ptr).filter(|b| self.core.lock().raw_blocks.remove(b)).ok_or_else(
+            || {
                 Error::InvalidArgument(format!(
                     "{ptr} is not the start of a live raw allocation of this pool"
                 ))
-            })?;
+            },
+        )?;
         self.core.free_block(&self.device.shared, (Some(block), ptr), stream, &[], None)
     }
 
     /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
     pub fn owns(&self, ptr: DevicePtr) -> Option<u64> {
         let offset = ptr.offset_from(self.core.base)?;
-        self.core.inner.lock().engine.lookup(offset).map(|(_, size)| size)
+        self.core.lock().engine.lookup(offset).map(|(_, size)| size)
     }
 
     fn lookup(&self, ptr: DevicePtr) -> Option<BlockId> {
         let offset = ptr.offset_from(self.core.base)?;
-        self.core.inner.lock().engine.lookup(offset).map(|(b, _)| b)
+        self.core.lock().engine.lookup(offset).map(|(b, _)| b)
     }
 
     /// Reads an attribute.
@@ -1259,7 +1386,7 @@ impl<'d> MemPool<'d> {
     }
 
     fn take_sticky(&self) -> Result<()> {
-        match self.core.inner.lock().sticky.take() {
+        match self.core.take_sticky(&mut self.core.lock()) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -1285,7 +1412,7 @@ impl<'d> MemPool<'d> {
             return Ok(before.saturating_sub(after));
         }
         let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
-        let mut inner = self.core.inner.lock();
+        let mut inner = self.core.lock();
         self.core.drain_passthrough(&self.device.shared, &mut inner);
         let (engine, mut backing) = inner.parts(&self.core);
         let released = engine.release(bytes, &order, &mut backing).map_err(|e| {
@@ -1312,7 +1439,7 @@ impl<'d> MemPool<'d> {
                 ..PoolStats::default()
             };
         }
-        let inner = self.core.inner.lock();
+        let inner = self.core.lock();
         PoolStats::from_engine(
             &inner.engine.stats(),
             inner.oom_retries,
@@ -1360,11 +1487,11 @@ impl<'d> MemPool<'d> {
                 reuse: self.core.reuse.load(Ordering::Relaxed),
             };
             let Some(block) = a.block() else { continue };
-            let target = self.core.inner.lock().engine.relocate_lower(block, stream.slot(), &order);
+            let target = self.core.lock().engine.relocate_lower(block, stream.slot(), &order);
             let Some(target) = target else { continue };
             if let Some(tag) = target.dependency {
                 if let Err(e) = self.core.insert_dependency(&self.device.shared, tag, stream) {
-                    let _ = self.core.inner.lock().engine.free(target.block, tag);
+                    let _ = self.core.lock().engine.free(target.block, tag);
                     return Err(e);
                 }
             }
@@ -1373,7 +1500,7 @@ impl<'d> MemPool<'d> {
             let uses = a.uses_snapshot();
             if let Err(e) = self.core.wait_for_uses(&self.device.shared, stream, &uses) {
                 let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
-                let _ = self.core.inner.lock().engine.free(target.block, tag);
+                let _ = self.core.lock().engine.free(target.block, tag);
                 return Err(e);
             }
             let new_ptr = self.core.ptr_at(target.offset);
@@ -1397,7 +1524,7 @@ impl<'d> MemPool<'d> {
                     });
                 }
                 let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
-                let _ = self.core.inner.lock().engine.free(target.block, tag);
+                let _ = self.core.lock().engine.free(target.block, tag);
                 return Err(e.into());
             }
             let (old_block, old_ptr, uses) = a.relocate(target.block, new_ptr);
@@ -1410,11 +1537,18 @@ impl<'d> MemPool<'d> {
     /// The event history, oldest first (empty unless built with
     /// [`MemPoolBuilder::history`]), and how many older records were dropped.
     pub fn history(&self) -> (Vec<Record>, u64) {
-        let inner = self.core.inner.lock();
+        let inner = self.core.lock();
         match &inner.history {
             Some(h) => (h.records().copied().collect(), h.dropped()),
             None => (Vec::new(), 0),
         }
+    }
+
+    /// Free-ring tickets produced and consumed so far (`None`: the pool has no ring), for
+    /// tests that check which path frees and allocations took.
+    #[doc(hidden)]
+    pub fn free_ring_tickets(&self) -> Option<(u64, u64)> {
+        self.core.free_ring.as_ref().map(|r| (r.produced(), r.consumed()))
     }
 
     pub(crate) fn core(&self) -> &PoolCore {
@@ -1432,10 +1566,10 @@ impl Drop for MemPool<'_> {
             if p.outstanding() {
                 let _ = self.core.hal.synchronize();
             }
-            self.core.drain_passthrough(device, &mut self.core.inner.lock());
+            self.core.drain_passthrough(device, &mut self.core.lock());
         }
         let pending: Vec<(StreamSlot, u64)> = {
-            let inner = self.core.inner.lock();
+            let inner = self.core.lock();
             let mut v: Vec<(StreamSlot, u64)> = Vec::new();
             for b in inner.engine.blocks() {
                 if let crate::engine::BlockState::Free(Some(tag)) = b.state {
@@ -1460,7 +1594,7 @@ impl Drop for MemPool<'_> {
             // Dropping the native pool destroys it (errors are kept by the backend).
             return;
         }
-        let mut inner = self.core.inner.lock();
+        let mut inner = self.core.lock();
         // Nothing to report to from a destructor; the device's counters show any leak.
         let (engine, mut backing) = inner.parts(&self.core);
         let _ = engine.teardown(&mut backing);

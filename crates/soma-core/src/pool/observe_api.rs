@@ -31,7 +31,7 @@ impl MemPool<'_> {
     pub fn snapshot(&self) -> Snapshot {
         let core = self.core();
         let device = &self.device().shared;
-        let inner = core.inner.lock();
+        let inner = core.lock();
         Snapshot::from_blocks(
             core.created.elapsed().as_nanos() as u64,
             core.max_size,
@@ -74,7 +74,7 @@ impl MemPool<'_> {
     /// [`History::to_json_lines`], [`History::to_chrome_trace`], [`History::to_trace_csv`],
     /// [`History::to_svg`].
     pub fn history_log(&self) -> Option<History> {
-        self.core().inner.lock().history.clone()
+        self.core().lock().history.clone()
     }
 
     /// The history as JSON lines ([`History::to_json_lines`]); empty without a history.
