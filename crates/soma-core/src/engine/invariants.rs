@@ -93,7 +93,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         cur = b.next;
     }
     ensure!(expect_off == e.cfg.range_size, "blocks end at {expect_off}, not at the range size");
-    let s = &e.stats;
+    let s = &e.stats();
     ensure!(used == s.used, "used {} != live sum {used}", s.used);
     ensure!(live == s.live_blocks, "live_blocks {} != {live}", s.live_blocks);
     ensure!(free_bytes == s.free_bytes, "free_bytes {} != {free_bytes}", s.free_bytes);

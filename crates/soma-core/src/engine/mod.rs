@@ -958,6 +958,9 @@ impl Engine {
         let mut s = self.stats;
         s.mapped_segments = self.segments.len() as u64;
         s.largest_free_block = self.largest_free_block();
+        // Derived from the free indices (index 0 holds the untagged blocks).
+        s.free_bytes = self.indexes.iter().flatten().map(|ix| ix.bytes).sum();
+        s.pending_bytes = self.indexes.iter().skip(1).flatten().map(|ix| ix.bytes).sum();
         s
     }
 

@@ -58,16 +58,11 @@ impl Engine {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
         let slot = index_slot(b.tagged, b.stream);
-        let (size, tagged) = (b.size, b.tagged);
         if slot >= self.indexes.len() {
             self.indexes.resize_with(slot + 1, || None);
         }
         let ix = self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
         ix.insert(&mut self.slab.blocks, idx, self.unit_shift);
-        self.stats.free_bytes += size;
-        if tagged {
-            self.stats.pending_bytes += size;
-        }
     }
 
     /// Takes free block `idx` out of its index.
@@ -75,13 +70,8 @@ impl Engine {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
         let slot = index_slot(b.tagged, b.stream);
-        let (size, tagged) = (b.size, b.tagged);
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         ix.remove(&mut self.slab.blocks, idx);
-        self.stats.free_bytes -= size;
-        if tagged {
-            self.stats.pending_bytes -= size;
-        }
     }
 
     /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
@@ -115,19 +105,24 @@ impl Engine {
     ///
     /// O(1).
     pub(super) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
-        if let Some(r) = self.coalesce_in_place(idx) {
-            return r;
+        let blocks = &self.slab.blocks;
+        let b = &blocks[idx as usize];
+        let (p, n) = (b.prev, b.next);
+        let merge_p = p != NIL && mergeable(&blocks[p as usize], b);
+        let merge_n = n != NIL && mergeable(b, &blocks[n as usize]);
+        if merge_p != merge_n {
+            if let Some(r) = self.coalesce_in_place(idx, p, n, merge_p) {
+                return r;
+            }
         }
         let mut idx = idx;
-        let p = self.slab.blocks[idx as usize].prev;
-        if p != NIL && self.mergeable(p, idx) {
+        if merge_p {
             self.remove_free(p);
             self.combine_tag(p, idx);
             self.slab.absorb_next(p, idx);
             idx = p;
         }
-        let n = self.slab.blocks[idx as usize].next;
-        if n != NIL && self.mergeable(idx, n) {
+        if merge_n {
             self.remove_free(n);
             self.combine_tag(idx, n);
             self.slab.absorb_next(idx, n);
@@ -137,27 +132,30 @@ impl Engine {
     }
 
     /// The fast paths of [`Engine::insert_free_coalesce`]: when exactly one neighbour of
-    /// `idx` merges with it and the merged block stays in that neighbour's index and size
-    /// class, the merge happens without touching the index's lists and bitmaps (the merged
-    /// record takes the neighbour's list position). Same result as the general path: the
-    /// lower record survives, tags combine the same way. `None`: nothing done.
+    /// `idx` merges with it (`prev` if `with_prev`, else `next`) and the merged block stays in
+    /// that neighbour's index and size class, the merge happens without touching the index's
+    /// lists and bitmaps (the merged record takes the neighbour's list position). Same result
+    /// as the general path: the lower record survives, tags combine the same way. `None`:
+    /// nothing done.
     ///
     /// # Time Complexity
     ///
     /// O(1).
     #[inline]
-    fn coalesce_in_place(&mut self, idx: u32) -> Option<u32> {
+    fn coalesce_in_place(
+        &mut self,
+        idx: u32,
+        prev: u32,
+        next: u32,
+        with_prev: bool,
+    ) -> Option<u32> {
         let blocks = &self.slab.blocks;
-        let b = &blocks[idx as usize];
-        let (prev, next) = (b.prev, b.next);
-        let merge_p = prev != NIL && mergeable(&blocks[prev as usize], b);
-        let merge_n = next != NIL && mergeable(b, &blocks[next as usize]);
-        let (keep, other, indexed) = match (merge_p, merge_n) {
+        let (keep, other, indexed) = if with_prev {
             // `prev` absorbs `idx` and keeps its list position.
-            (true, false) => (prev, idx, prev),
+            (prev, idx, prev)
+        } else {
             // `idx` absorbs `next` and takes its list position.
-            (false, true) => (idx, next, next),
-            _ => return None,
+            (idx, next, next)
         };
         let (k, o, ib) =
             (&blocks[keep as usize], &blocks[other as usize], &blocks[indexed as usize]);
@@ -192,10 +190,8 @@ impl Engine {
         ix.bytes += added;
         if let Some((_, pos)) = tag {
             ix.max_pos = ix.max_pos.max(pos);
-            self.stats.pending_bytes += added;
         }
         self.slab.absorb_next(keep, other);
-        self.stats.free_bytes += added;
         Some(keep)
     }
 
@@ -210,6 +206,24 @@ impl Engine {
         align: u64,
         reuse: Option<ReuseKind>,
         dependency: Option<FreeTag>,
+    ) -> Allocation {
+        self.carve(idx, start, size, align, reuse, dependency, true)
+    }
+
+    /// [`Engine::finish_alloc`]; `coalesce == false` when `idx` was an indexed free block:
+    /// free blocks are maximal (no free neighbour they may merge with), so neither rest can
+    /// merge with anything and is indexed as it is.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn carve(
+        &mut self,
+        idx: u32,
+        start: u64,
+        size: u64,
+        align: u64,
+        reuse: Option<ReuseKind>,
+        dependency: Option<FreeTag>,
+        coalesce: bool,
     ) -> Allocation {
         let b = self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
@@ -229,11 +243,18 @@ impl Engine {
         };
         // `mid` is live before its neighbours are indexed, so that they do not merge into it.
         let a = self.make_live(mid, start, size, align, reuse, dependency);
-        if let Some(f) = front {
-            self.insert_free_coalesce(f);
-        }
-        if let Some(t) = tail {
-            self.insert_free_coalesce(t);
+        for rest in [front, tail].into_iter().flatten() {
+            if coalesce {
+                self.insert_free_coalesce(rest);
+            } else {
+                debug_assert!(
+                    [self.slab.blocks[rest as usize].prev, self.slab.blocks[rest as usize].next]
+                        .iter()
+                        .all(|&n| n == NIL || !self.mergeable(n, rest)),
+                    "a maximal free block's rest has no mergeable neighbour"
+                );
+                self.insert_free(rest);
+            }
         }
         a
     }
@@ -302,14 +323,10 @@ impl Engine {
                 .expect("a free block's index exists");
             ix.replace(&mut self.slab.blocks, idx, t);
             ix.bytes -= size;
-            self.stats.free_bytes -= size;
-            if tagged {
-                self.stats.pending_bytes -= size;
-            }
             return self.make_live(idx, start, size, align, reuse, dependency);
         }
         self.remove_free(idx);
-        self.finish_alloc(idx, start, size, align, reuse, dependency)
+        self.carve(idx, start, size, align, reuse, dependency, false)
     }
 
     /// Under which rule free block `b` may serve stream `stream`: `Some(None)` for untagged

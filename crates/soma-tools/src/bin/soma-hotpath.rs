@@ -57,7 +57,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma-engine|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -66,6 +66,9 @@ fn main() {
         let replays = replays.parse().expect("REPLAYS");
         match which.as_str() {
             "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
+            "soma-engine-retain" => {
+                random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
+            }
             "offset-allocator" => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
