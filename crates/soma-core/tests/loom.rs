@@ -460,8 +460,9 @@ mod free_ring {
         }
     }
 
-    /// Two threads free (write, then push); an allocation of stream 1 takes what matches
-    /// without the lock; the "lock" drains the rest.
+    /// Two threads free (write, then push); an allocation of stream 1 takes the ring's only
+    /// entry if it matches, without the lock (`pop_only_if`, the pool's path); the "lock"
+    /// drains the rest.
     fn two_frees_one_bypass_one_drain(ring: fn() -> FreeRing) {
         loom::model(move || {
             let ring = Arc::new(ring());
@@ -481,7 +482,7 @@ mod free_ring {
                 let (ring, blocks, taken) =
                     (Arc::clone(&ring), Arc::clone(&blocks), Arc::clone(&taken));
                 thread::spawn(move || {
-                    if let Some(f) = ring.pop_if(|f| f.tag.stream == 1) {
+                    if let Some(f) = ring.pop_only_if(|f| f.tag.stream == 1) {
                         blocks.write(f.block.to_raw(), 99);
                         taken.lock().unwrap().push(f.block.to_raw());
                     }

@@ -7,11 +7,12 @@
 //!   far to the engine, in push order ([`FreeRing::drain`]), so anything that observes or
 //!   changes the engine — an allocation that searches it, stats, trim, the release threshold,
 //!   a snapshot — sees those frees done, exactly as if they had been made under the lock;
-//! * **an allocation of the same stream and size** ([`FreeRing::pop_if`]): the oldest entry,
-//!   if it matches, is handed out again directly — what the engine's search would do (the
-//!   engine serves an exact fit on the requesting stream first), without the lock. Such a
-//!   pair never reaches the engine; the drain reports how many there were so the pool's
-//!   counters stay exact.
+//! * **an allocation of the same stream and size** ([`FreeRing::pop_only_if`]): when the
+//!   ring holds exactly one free and it matches, it is handed out again directly — what the
+//!   engine's search would do (it serves the most recent exact fit on the requesting stream
+//!   first), without the lock. With more frees waiting the allocation takes the lock, so
+//!   that placement stays the engine's. Such a pair never reaches the engine; the drain
+//!   reports how many there were so the pool's counters stay exact.
 //!
 //! A bounded multi-producer multi-consumer queue (Dmitry Vyukov's design): slot `i` carries
 //! a sequence number; `seq == ticket` means free for the producer of `ticket`, `seq ==
@@ -208,6 +209,45 @@ impl FreeRing {
         }
     }
 
+    /// Takes the ring's only entry if `accept` says yes: `None` unless exactly one entry is
+    /// published and none is being written. The entry is then both the oldest and the newest
+    /// free, the one the engine's last-in-first-out search would return for an exact fit.
+    #[inline]
+    pub fn pop_only_if(&self, accept: impl Fn(&RingedFree) -> bool) -> Option<RingedFree> {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        if tail != head + 1 {
+            return None;
+        }
+        // A push or pop between the two loads and the claim makes the claim fail or take a
+        // different ticket, which `pop_if` checks against `head`.
+        self.pop_ticket_if(head, accept)
+    }
+
+    /// [`pop_if`](Self::pop_if) of ticket `h` only.
+    #[inline]
+    fn pop_ticket_if(&self, h: u64, accept: impl Fn(&RingedFree) -> bool) -> Option<RingedFree> {
+        let slot = self.slot(h);
+        if slot.seq.load(Ordering::Acquire) != h + 1 {
+            return None;
+        }
+        let e = RingedFree {
+            block: BlockId::from_raw(slot.block.load(Ordering::Relaxed)),
+            offset: slot.offset.load(Ordering::Relaxed),
+            size: slot.size.load(Ordering::Relaxed),
+            tag: FreeTag {
+                stream: slot.stream.load(Ordering::Relaxed) as StreamSlot,
+                pos: slot.pos.load(Ordering::Relaxed),
+            },
+        };
+        if !accept(&e) {
+            return None;
+        }
+        self.head.compare_exchange(h, h + 1, Ordering::Relaxed, Ordering::Relaxed).ok()?;
+        slot.seq.store(h + self.mask + 1, Ordering::Release);
+        Some(e)
+    }
+
     /// Tickets consumed so far (by [`pop_if`](Self::pop_if) and [`drain`](Self::drain)).
     pub fn consumed(&self) -> u64 {
         self.head.load(Ordering::Acquire)
@@ -292,6 +332,19 @@ mod tests {
         assert_eq!(r.drain(|_| unreachable!()), 0);
     }
 
+    #[test]
+    fn pop_only_if_needs_a_single_entry() {
+        let r = FreeRing::new();
+        assert_eq!(r.pop_only_if(|_| true), None, "empty");
+        r.push(entry(1)).unwrap();
+        r.push(entry(2)).unwrap();
+        assert_eq!(r.pop_only_if(|_| true), None, "two entries");
+        assert_eq!(r.pop_if(|_| true), Some(entry(1)));
+        assert_eq!(r.pop_only_if(|e| e.tag.stream == 0), None, "refused");
+        assert_eq!(r.pop_only_if(|e| e.tag.stream == 2), Some(entry(2)));
+        assert_eq!(r.pop_only_if(|_| true), None);
+    }
+
     /// Producers and consumers on threads: every entry is taken exactly once.
     #[test]
     fn concurrent_producers_and_consumers_take_each_entry_once() {
@@ -325,8 +378,13 @@ mod tests {
             let r2 = &r;
             let taken2 = &taken;
             s.spawn(move || {
-                for _ in 0..per_thread {
-                    if let Some(x) = r2.pop_if(|e| e.tag.stream == 1) {
+                for i in 0..per_thread {
+                    let x = if i % 2 == 0 {
+                        r2.pop_if(|e| e.tag.stream == 1)
+                    } else {
+                        r2.pop_only_if(|e| e.tag.stream == 1)
+                    };
+                    if let Some(x) = x {
                         taken2.lock().unwrap().push(x.block.to_raw());
                     }
                 }

@@ -714,9 +714,11 @@ impl PoolCore {
         e
     }
 
-    /// The lock-free allocation path: the oldest free of the free ring, if it was made on
-    /// `stream` with the size a request of `bytes` gets — what the engine's search would hand
-    /// out (an exact fit freed on the requesting stream), without taking the lock.
+    /// The lock-free allocation path: the free ring's only free, if it was made on `stream`
+    /// with the size a request of `bytes` gets — what the engine's search would hand out (the
+    /// latest exact fit freed on the requesting stream), without taking the lock. With more
+    /// frees waiting, the engine decides (after the lock's drain), so that placement — and
+    /// fragmentation — stay the engine's.
     #[inline]
     pub(crate) fn reuse_ringed(&self, bytes: u64, stream: &Stream<'_>) -> Option<Granted> {
         let ring = self.free_ring.as_ref()?;
@@ -725,7 +727,7 @@ impl PoolCore {
         }
         let size = bytes.checked_add(self.alignment - 1)? & !(self.alignment - 1);
         let slot = stream.slot();
-        let f = ring.pop_if(|f| f.tag.stream == slot && f.size == size)?;
+        let f = ring.pop_only_if(|f| f.tag.stream == slot && f.size == size)?;
         Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size })
     }
 
