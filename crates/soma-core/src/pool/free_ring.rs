@@ -51,6 +51,22 @@ struct Slot {
     pos: AtomicU64,
 }
 
+impl Slot {
+    /// The entry's fields (the caller has seen its publication through `seq`).
+    #[inline]
+    fn read(&self) -> RingedFree {
+        RingedFree {
+            block: BlockId::from_raw(self.block.load(Ordering::Relaxed)),
+            offset: self.offset.load(Ordering::Relaxed),
+            size: self.size.load(Ordering::Relaxed),
+            tag: FreeTag {
+                stream: self.stream.load(Ordering::Relaxed) as StreamSlot,
+                pos: self.pos.load(Ordering::Relaxed),
+            },
+        }
+    }
+}
+
 /// The ring (see the module docs).
 #[derive(Debug)]
 pub struct FreeRing {
@@ -175,15 +191,7 @@ impl FreeRing {
             if seq == h + 1 {
                 // Published. The fields belong to ticket `h` unless another consumer takes
                 // `h` first, in which case the compare-and-swap below fails.
-                let e = RingedFree {
-                    block: BlockId::from_raw(slot.block.load(Ordering::Relaxed)),
-                    offset: slot.offset.load(Ordering::Relaxed),
-                    size: slot.size.load(Ordering::Relaxed),
-                    tag: FreeTag {
-                        stream: slot.stream.load(Ordering::Relaxed) as StreamSlot,
-                        pos: slot.pos.load(Ordering::Relaxed),
-                    },
-                };
+                let e = slot.read();
                 if !accept(&e) {
                     // Torn by a concurrent consumer at worst: the caller takes its slow path.
                     return None;
@@ -219,8 +227,8 @@ impl FreeRing {
         if tail != head + 1 {
             return None;
         }
-        // A push or pop between the two loads and the claim makes the claim fail or take a
-        // different ticket, which `pop_if` checks against `head`.
+        // A pop between the loads and the claim makes the claim fail (`pop_ticket_if` claims
+        // `head` only); a push in between merely makes the entry not the only one any more.
         self.pop_ticket_if(head, accept)
     }
 
@@ -231,15 +239,7 @@ impl FreeRing {
         if slot.seq.load(Ordering::Acquire) != h + 1 {
             return None;
         }
-        let e = RingedFree {
-            block: BlockId::from_raw(slot.block.load(Ordering::Relaxed)),
-            offset: slot.offset.load(Ordering::Relaxed),
-            size: slot.size.load(Ordering::Relaxed),
-            tag: FreeTag {
-                stream: slot.stream.load(Ordering::Relaxed) as StreamSlot,
-                pos: slot.pos.load(Ordering::Relaxed),
-            },
-        };
+        let e = slot.read();
         if !accept(&e) {
             return None;
         }

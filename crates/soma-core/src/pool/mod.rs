@@ -718,6 +718,13 @@ impl PoolCore {
         e
     }
 
+    /// The size of the block a request of `bytes` gets (the engine's rounding to the pool's
+    /// alignment); `None` when rounding overflows.
+    #[inline]
+    fn block_size(&self, bytes: u64) -> Option<u64> {
+        Some(bytes.checked_add(self.alignment - 1)? & !(self.alignment - 1))
+    }
+
     /// The lock-free allocation path: the free ring's only free, if it was made on `stream`
     /// with the size a request of `bytes` gets — what the engine's search would hand out (the
     /// latest exact fit freed on the requesting stream), without taking the lock. With more
@@ -729,7 +736,7 @@ impl PoolCore {
         if self.sticky_hint.load(Ordering::Relaxed) {
             return None;
         }
-        let size = bytes.checked_add(self.alignment - 1)? & !(self.alignment - 1);
+        let size = self.block_size(bytes)?;
         let slot = stream.slot();
         let f = ring.pop_only_if(|f| f.tag.stream == slot && f.size == size)?;
         Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size })
@@ -750,11 +757,15 @@ impl PoolCore {
         let (Some(ring), (Some(block), ptr)) = (&self.free_ring, granted) else {
             return self.free_block(device, granted, stream, other_uses, location);
         };
+        // `bytes` was rounded when the block was allocated, so this never falls back.
+        let Some(size) = self.block_size(bytes) else {
+            return self.free_block(device, granted, stream, other_uses, location);
+        };
         self.wait_for_uses(device, stream, other_uses)?;
         let f = free_ring::RingedFree {
             block,
             offset: ptr.offset_from(self.base).unwrap_or(0),
-            size: bytes.div_ceil(self.alignment) * self.alignment,
+            size,
             tag: FreeTag { stream: stream.slot(), pos: stream.position() },
         };
         if ring.push(f).is_err() {
