@@ -78,7 +78,7 @@ impl Engine {
         let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
         let alloc_end = plan.alloc_off + size;
         let Some(base) = plan.base else {
-            return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None));
+            return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None, true));
         };
         // Extension: the newly mapped memory the block does not cover stays untagged (it was
         // never used); only the part of `base` outside the block keeps `base`'s tag.
@@ -103,7 +103,7 @@ impl Engine {
             self.slab.absorb_next(used, base);
             (used, leftover)
         };
-        let a = self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None);
+        let a = self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None, true);
         if let Some(l) = leftover {
             self.insert_free_coalesce(l);
         }

@@ -813,11 +813,8 @@ impl Engine {
     ///
     /// O(1).
     pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
-        let idx = block.index();
-        let b = match self.slab.blocks.get_mut(idx as usize) {
-            Some(b) if b.kind != Kind::Vacant && b.generation == block.generation() => b,
-            _ => return Err(FreeError::UnknownBlock),
-        };
+        let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
+        let b = &mut self.slab.blocks[idx as usize];
         if b.kind != Kind::Live {
             return Err(FreeError::NotLive);
         }

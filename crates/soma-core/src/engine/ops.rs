@@ -196,26 +196,14 @@ impl Engine {
     }
 
     /// Turns `[start, start + size)` of free block `idx` (in no index) into a live block for
-    /// a request with alignment `align`; the rest on either side stays free with the same tag
-    /// (coalesced where possible). Updates the statistics and the offset index.
-    pub(super) fn finish_alloc(
-        &mut self,
-        idx: u32,
-        start: u64,
-        size: u64,
-        align: u64,
-        reuse: Option<ReuseKind>,
-        dependency: Option<FreeTag>,
-    ) -> Allocation {
-        self.carve(idx, start, size, align, reuse, dependency, true)
-    }
-
-    /// [`Engine::finish_alloc`]; `coalesce == false` when `idx` was an indexed free block:
-    /// free blocks are maximal (no free neighbour they may merge with), so neither rest can
-    /// merge with anything and is indexed as it is.
+    /// a request with alignment `align`; the rest on either side stays free with the same tag,
+    /// coalesced with its neighbours when `coalesce`. Pass `false` only when `idx` was an
+    /// indexed free block: those are maximal (no free neighbour they may merge with), so
+    /// neither rest can merge with anything and is indexed as it is. Updates the statistics
+    /// and the offset index.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn carve(
+    pub(super) fn finish_alloc(
         &mut self,
         idx: u32,
         start: u64,
@@ -326,7 +314,7 @@ impl Engine {
             return self.make_live(idx, start, size, align, reuse, dependency);
         }
         self.remove_free(idx);
-        self.carve(idx, start, size, align, reuse, dependency, false)
+        self.finish_alloc(idx, start, size, align, reuse, dependency, false)
     }
 
     /// Under which rule free block `b` may serve stream `stream`: `Some(None)` for untagged

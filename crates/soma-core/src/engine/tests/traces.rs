@@ -20,6 +20,26 @@ fn trace_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/work/shared/traces"))
 }
 
+/// The `*.csv` traces of [`trace_dir`], sorted; `None` (after printing why the test is
+/// skipped) when the directory is absent or holds none.
+fn trace_paths() -> Option<Vec<PathBuf>> {
+    let dir = trace_dir();
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        println!("skipped: trace directory {} is absent", dir.display());
+        return None;
+    };
+    let mut paths: Vec<_> = rd
+        .filter_map(|d| d.ok().map(|d| d.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        println!("skipped: no *.csv trace in {}", dir.display());
+        return None;
+    }
+    Some(paths)
+}
+
 /// One trace event: `Some(bytes)` allocates id, `None` frees it.
 fn parse(text: &str) -> Result<Vec<(u64, Option<u64>)>, String> {
     let mut lines = text.lines();
@@ -88,20 +108,7 @@ pub(super) fn replay(
 
 #[test]
 fn trace_fragmentation() {
-    let dir = trace_dir();
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        println!("skipped: trace directory {} is absent", dir.display());
-        return;
-    };
-    let mut paths: Vec<_> = rd
-        .filter_map(|d| d.ok().map(|d| d.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    paths.sort();
-    if paths.is_empty() {
-        println!("skipped: no *.csv trace in {}", dir.display());
-        return;
-    }
+    let Some(paths) = trace_paths() else { return };
     println!(
         "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7} {:>6} {:>6}",
         "trace",
@@ -149,16 +156,7 @@ fn trace_fragmentation() {
 /// peak reserved stays within what never unmapping costs on these traces (≤ 1.10).
 #[test]
 fn trace_replayed_without_recycling_makes_no_driver_calls() {
-    let dir = trace_dir();
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        println!("skipped: trace directory {} is absent", dir.display());
-        return;
-    };
-    let mut paths: Vec<_> = rd
-        .filter_map(|d| d.ok().map(|d| d.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    paths.sort();
+    let Some(paths) = trace_paths() else { return };
     for p in &paths {
         let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
         let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
@@ -205,16 +203,7 @@ fn trace_replayed_without_recycling_makes_no_driver_calls() {
 #[test]
 #[ignore = "measurement"]
 fn trace_fragmentation_two_streams() {
-    let dir = trace_dir();
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        println!("skipped: trace directory {} is absent", dir.display());
-        return;
-    };
-    let mut paths: Vec<_> = rd
-        .filter_map(|d| d.ok().map(|d| d.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    paths.sort();
+    let Some(paths) = trace_paths() else { return };
     for p in &paths {
         let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
         for cross in [false, true] {
