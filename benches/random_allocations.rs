@@ -26,9 +26,7 @@
 //! replay) and `warm_map_calls` / `warm_unmap_calls` (of the second replay on the same
 //! instance) for the allocators that map (`soma`, `soma-retain`, `soma-engine`,
 //! `soma-engine-retain`), `cold_reserved_high` / `warm_reserved_high` (peak reserved after
-//! the first / second replay); plus, for older readers, `engine_map_calls`,
-//! `engine_unmap_calls`, `engine_reserved_high` (soma-engine's first replay) and
-//! `tlsf_reserved_high`. A run with a benchmark filter measures only the selected
+//! the first / second replay). A run with a benchmark filter measures only the selected
 //! (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
 //! The driver path runs only for n ≤ 10 000 (about 6 µs per call on soma-sim: the
@@ -206,20 +204,6 @@ fn write(workloads: &[(String, Value)], facts: Facts) {
                 m.extend(n.clone());
             }
             obj.insert(key.to_owned(), Value::Object(m));
-        }
-        // The keys older readers know, from the maps.
-        let get = |key: &str, a: &str| obj.get(key).and_then(|m| m.get(a)).cloned();
-        let legacy = [
-            ("engine_map_calls", get("cold_map_calls", "soma-engine")),
-            ("engine_unmap_calls", get("cold_unmap_calls", "soma-engine")),
-            ("engine_reserved_high", get("cold_reserved_high", "soma-engine")),
-            ("tlsf_reserved_high", get("cold_reserved_high", "tlsf")),
-        ];
-        for (k, v) in legacy {
-            match v {
-                Some(v) => obj.insert(k.to_owned(), v),
-                None => obj.remove(k),
-            };
         }
         cells.push(Value::Object(obj));
     }

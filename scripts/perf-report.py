@@ -357,8 +357,6 @@ def section(target, crit, cmd_note):
     def calls(c, kind, a):
         m = (c.get(f"{kind}_map_calls") or {}).get(a)
         u = (c.get(f"{kind}_unmap_calls") or {}).get(a)
-        if m is None and kind == "cold" and a == "soma-engine":  # older JSON
-            m, u = c.get("engine_map_calls"), c.get("engine_unmap_calls")
         return "—" if m is None or u is None else f"{m} / {u}"
 
     w("Driver map / unmap calls per replay (the pure offset allocators never map): first = the "
