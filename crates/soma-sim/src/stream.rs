@@ -104,14 +104,14 @@ enum TaskKind {
 }
 
 impl TaskKind {
-    fn name(&self) -> String {
+    fn name(&self) -> &'static str {
         match self {
-            TaskKind::Host(_) => "host_fn".into(),
-            TaskKind::Kernel(k) => k.name.into(),
-            TaskKind::Copy { name, .. } => (*name).into(),
-            TaskKind::Memset { .. } => "memset".into(),
-            TaskKind::Record(_) => "event_record".into(),
-            TaskKind::Wait(_) => "event_wait".into(),
+            TaskKind::Host(_) => "host_fn",
+            TaskKind::Kernel(k) => k.name,
+            TaskKind::Copy { name, .. } => name,
+            TaskKind::Memset { .. } => "memset",
+            TaskKind::Record(_) => "event_record",
+            TaskKind::Wait(_) => "event_wait",
         }
     }
 }
@@ -326,7 +326,7 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
         } else if core.faults.task_hit(s.id, pos) {
             let msg = "injected fault".to_string();
             if let TaskKind::Record(r) = &kind {
-                r.complete(Some(task_failed(s, pos, &name, &msg)));
+                r.complete(Some(task_failed(s, pos, name, &msg)));
             }
             drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
             Err(msg)
@@ -337,7 +337,7 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
             }
         };
         if let Err(message) = result {
-            s.fail(task_failed(s, pos, &name, &message));
+            s.fail(task_failed(s, pos, name, &message));
         }
         match &s.san {
             Some(san) => {
