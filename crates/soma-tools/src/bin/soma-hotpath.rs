@@ -37,13 +37,19 @@ fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
 fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
     let w = random_allocations(n, max_mib, 16_000, SEED);
     for r in 0..replays {
+        let before = a.driver_calls();
         let t = Instant::now();
         let h = replay(&mut a, &w.ops, w.slots);
         let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
+        let calls = match (before, a.driver_calls()) {
+            (Some((m0, u0)), Some((m1, u1))) => format!(", {} maps / {} unmaps", m1 - m0, u1 - u0),
+            _ => String::new(),
+        };
         println!(
-            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op",
+            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op{calls}, reserved high {:.1} MiB",
             a.name(),
-            w.ops.len()
+            w.ops.len(),
+            a.reserved_high() as f64 / (1 << 20) as f64
         );
         assert!(h.iter().all(Option::is_none), "every replay frees what it allocated");
     }
