@@ -149,6 +149,10 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         }
     }
     ensure!(seg_bytes == s.reserved, "segments {seg_bytes} != reserved");
+    let mut edges: Vec<u64> =
+        e.segments.iter().flat_map(|(&off, seg)| [off / g, (off + seg.size) / g]).collect();
+    edges.dedup();
+    ensure!(e.bounds.all() == edges, "segment boundaries do not match the segments");
     ensure!(seg_runs == mapped_runs, "segments do not match the mapped blocks");
 
     // Free indices: every free block is in the index of its tag, in its class's list.

@@ -267,7 +267,7 @@ impl MemPoolBuilder {
     /// `false`: growth only maps. After a warm-up in which the pool maps what the workload's
     /// fragmentation needs, a repeating workload runs without driver calls; peak reserved is
     /// then what a pool that never gives memory back reaches (on the PyTorch BERT trace 1.084×
-    /// the live bytes instead of 1.026×). Memory pressure, the release threshold and
+    /// the live bytes instead of 1.033×). Memory pressure, the release threshold and
     /// [`MemPool::trim_to`] still release free memory.
     ///
     /// ```

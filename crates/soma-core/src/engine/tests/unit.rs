@@ -887,3 +887,56 @@ fn a_block_freed_on_another_stream_never_absorbs_its_neighbour() {
     );
     let _ = head;
 }
+
+#[test]
+fn recycling_takes_segments_of_the_smallest_free_blocks_first() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let mut o = TestOrder::default();
+    // [0, 2G) S: one 2-granule segment | guard | [3G, 7G) B: four 1-granule segments | guard
+    // | [8G, 13G) T, at the end of the mapped space
+    e.segments_per_growth = 1;
+    let s = alloc(&mut e, &mut b, &o, 2 * G, 0);
+    let g1 = alloc(&mut e, &mut b, &o, G, 0);
+    e.segments_per_growth = 4;
+    let big = alloc(&mut e, &mut b, &o, 4 * G, 0);
+    e.segments_per_growth = 1;
+    let g2 = alloc(&mut e, &mut b, &o, G, 0);
+    let t = alloc(&mut e, &mut b, &o, 5 * G, 0);
+    assert_eq!((s.offset, big.offset, t.offset), (0, 3 * G, 8 * G));
+    free(&mut e, &s, 0, 1);
+    free(&mut e, &big, 0, 2);
+    free(&mut e, &t, 0, 3);
+    o.complete_bound.insert(0, 4);
+    assert_eq!(e.reserved(), 13 * G);
+    // Fits no free block: T is extended by one granule, and one granule must be recycled.
+    // The smallest segment that covers it is one of B's; the smallest free block is S.
+    let maps = e.stats().map_calls;
+    let x = alloc(&mut e, &mut b, &o, 5 * G + G / 2, 0);
+    assert_eq!(x.offset, t.offset);
+    assert_eq!(b.unmap_log, [(0, 2 * G)], "S is recycled, B stays whole");
+    assert_eq!(e.reserved(), 12 * G);
+    assert_eq!(e.stats().map_calls, maps + 1);
+    // B still serves its size from the cache, without a driver call.
+    let y = alloc(&mut e, &mut b, &o, 4 * G, 0);
+    assert_eq!((y.offset, y.reuse), (big.offset, Some(ReuseKind::SameStream)));
+    assert_eq!(e.stats().map_calls, maps + 1);
+    let _ = (g1, g2);
+}
+
+#[test]
+fn the_consistency_check_catches_stale_segment_boundaries() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    e.segments_per_growth = 4;
+    let x = alloc(&mut e, &mut b, &o, 4 * G, 0);
+    e.check_invariants().unwrap();
+    // A planted bug: a boundary between two of x's segments goes missing.
+    e.bounds.clear(1);
+    assert!(e.check_invariants().unwrap_err().contains("boundaries"));
+    e.bounds.set(1);
+    e.bounds.set(7);
+    assert!(e.check_invariants().unwrap_err().contains("boundaries"));
+    let _ = x;
+}
