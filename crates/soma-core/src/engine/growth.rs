@@ -318,19 +318,32 @@ impl Engine {
         }
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
-        // One class below the granule's: a block sits in its own class's list or the one
-        // below (see `tlsf.rs`); smaller blocks cover no segment and add no candidate.
+        // From one class below the granule's up (a block sits in its own class's list or the
+        // one below, see `tlsf.rs`; smaller blocks cover no segment), list by list across
+        // all indices. `choose_recycled` takes candidates smallest block first, so once the
+        // lists up to `c` cover `need` only list `c + 1` can still matter: a block of list
+        // `c` is smaller than the floor of class `c + 2`, every block of a later list is not.
         let g = self.cfg.granularity;
-        let g_cls = class_index(g >> self.unit_shift).saturating_sub(1);
-        let (fl0, sl0) = (g_cls / SL, g_cls % SL);
-        for ix in self.indexes.iter().flatten() {
-            let (mut fl, mut sl) = (fl0, sl0);
-            while let Some((f, s)) = ix.first_at_or_above(fl, sl) {
-                let mut cur = ix.head(f, s);
+        let mut next_cls = class_index(g >> self.unit_shift).saturating_sub(1);
+        let mut last_cls = usize::MAX;
+        let mut found = 0;
+        while let Some(cls) = self
+            .indexes
+            .iter()
+            .flatten()
+            .filter_map(|ix| ix.first_at_or_above(next_cls / SL, next_cls % SL))
+            .map(|(f, s)| f * SL + s)
+            .min()
+        {
+            if cls > last_cls {
+                break;
+            }
+            for ix in self.indexes.iter().flatten() {
+                let mut cur = ix.head(cls / SL, cls % SL);
                 while cur != NIL {
                     let b = &self.slab.blocks[cur as usize];
                     // A segment is whole granules aligned to the granularity: a block
-                    // without an aligned granule holds none (skips the range search).
+                    // without an aligned granule holds none.
                     let (lo, hi) = (align_up(b.offset, g), align_down(b.end(), g));
                     if lo + g <= hi && recyclable_for(b, stream, order) {
                         // Inside mapped memory consecutive boundaries delimit one segment.
@@ -340,6 +353,7 @@ impl Engine {
                             if let Some(off) = start {
                                 if end <= protect.0 || off >= protect.1 {
                                     cands.push((off, end - off, cur));
+                                    found += end - off;
                                 }
                             }
                             start = Some(end);
@@ -347,10 +361,12 @@ impl Engine {
                     }
                     cur = b.next_free;
                 }
-                (fl, sl) = if s + 1 < SL { (f, s + 1) } else { (f + 1, 0) };
             }
+            if found >= need && last_cls == usize::MAX {
+                last_cls = cls + 1;
+            }
+            next_cls = cls + 1;
         }
-        let found: u64 = cands.iter().map(|c| c.1).sum();
         // Segments covered by several free blocks are only found by the exhaustive scan,
         // O(blocks + segments). Free blocks of one stream (and never-used ones) always merge,
         // so only blocks of different streams can share a segment: skip the scan unless at
