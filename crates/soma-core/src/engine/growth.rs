@@ -17,6 +17,15 @@ use super::{
 /// 4 now gives ≤ 1.033).
 pub(super) const SEGMENTS_PER_GROWTH: u64 = 4;
 
+/// A segment is at least `1 / MIN_SEGMENT_FRACTION` of the memory reserved when it is mapped
+/// (within the growth's size): finer pieces of a large pool save little memory (each at most
+/// 0.2 % of it) but cost a map and later an unmap each. Only pools above 512 granules (1 GiB
+/// of 2 MiB granules) are affected. Measured: on RMM's `random_allocations` (about 17 GiB
+/// reserved) 2-5x fewer remaps per warm replay for a 1-2 % higher peak (still below TLSF's);
+/// gpt2_small_train (5.7 GiB) 1.015 -> 1.014 with 6 % fewer map calls; the traces below 1 GiB
+/// unchanged. 256 cut the random remaps further but gave gpt2_small_train 1.023.
+pub(super) const MIN_SEGMENT_FRACTION: u64 = 512;
+
 /// Why growth did not produce an allocation.
 #[derive(Debug)]
 pub(super) enum GrowError {
@@ -217,9 +226,11 @@ impl Engine {
     }
 
     /// The segment size for a growth of `len` bytes: the largest power of two of at most
-    /// `len / SEGMENTS_PER_GROWTH`, at least the granularity, at most `max_segment` (if set).
+    /// `max(len / SEGMENTS_PER_GROWTH, granularity, min(len, reserved / MIN_SEGMENT_FRACTION))`,
+    /// at most `max_segment` (if set).
     fn segment_size(&self, len: u64) -> u64 {
-        let c = (len / self.segments_per_growth).max(self.cfg.granularity);
+        let floor = (self.stats.reserved / MIN_SEGMENT_FRACTION).min(len);
+        let c = (len / self.segments_per_growth).max(self.cfg.granularity).max(floor);
         let pow2 = 1u64 << (63 - c.leading_zeros());
         match self.max_segment {
             0 => pow2,

@@ -70,7 +70,8 @@
 //! Newly mapped memory the block does not cover stays untagged.
 //!
 //! A growth of `n` bytes is mapped as several segments (one [`Backing::map`] call each): the
-//! largest power of two `<= n / 4`, at least one granule, aligned to its size (capped by
+//! largest power of two `<= n / 4`, at least one granule and at least the power of two
+//! below 1/512 of the reserved memory (within `n`), aligned to its size (capped by
 //! [`Engine::set_max_segment`]). Segments are the unit of unmapping, so a large block whose
 //! space is later reused by smaller ones can still give back its unused quarters. Measured
 //! on the PyTorch traces (see `tests/traces.rs`): one segment per growth leaves peak
@@ -652,7 +653,8 @@ impl Engine {
 
     /// Into how many segments (each unmapped whole) a growth is mapped, at least 1 (default
     /// 4: parts of a large block that later hold smaller ones can be recycled piecewise; 1:
-    /// one driver call per growth, for pools of long-lived memory such as weights).
+    /// one driver call per growth, for pools of long-lived memory such as weights). Segments
+    /// are never smaller than 1/512 of the reserved memory (see `growth::MIN_SEGMENT_FRACTION`).
     pub fn set_segments_per_growth(&mut self, n: u64) {
         self.segments_per_growth = n.max(1);
     }

@@ -253,6 +253,9 @@ impl MemPoolBuilder {
     /// of a large free block can be recycled piecewise, which keeps reserved memory close to
     /// used memory). 1 makes one driver map call per growth — the right choice for a pool of
     /// long-lived memory such as model weights, where it cuts loading time on real drivers.
+    /// Segments are never smaller than 1/512 of the memory reserved when they are mapped
+    /// (so the count only applies while growths are small against the pool: below 1 GiB of
+    /// 2 MiB granules, always).
     pub fn segments_per_growth(mut self, n: u64) -> Self {
         self.segments_per_growth = n;
         self

@@ -940,3 +940,19 @@ fn the_consistency_check_catches_stale_segment_boundaries() {
     assert!(e.check_invariants().unwrap_err().contains("boundaries"));
     let _ = x;
 }
+
+#[test]
+fn segments_are_at_least_a_512th_of_the_reserved_memory() {
+    let mut e = engine(16 * 1024 * MIB);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let small = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
+    assert_eq!(b.maps, 4, "a small pool maps a growth as four segments");
+    let big = alloc(&mut e, &mut b, &o, 8192 * MIB, 0);
+    let maps = b.maps;
+    // 8224 MiB reserved: a 32 MiB growth is mapped as segments of 16 MiB, not 8 MiB.
+    let x = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
+    assert_eq!(b.maps - maps, 2);
+    assert_eq!(e.stats().mapped_segments, b.mapped.len() as u64);
+    let _ = (small, big, x);
+}
