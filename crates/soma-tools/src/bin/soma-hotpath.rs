@@ -33,6 +33,16 @@ fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
     drop(handles);
 }
 
+/// The software NPU's memory: `SOMA_HOTPATH_CAPACITY_MIB`, else `default_mib` (valgrind
+/// cannot reserve the default address space of the random replays: use 32768 there).
+fn capacity(default_mib: u64) -> u64 {
+    std::env::var("SOMA_HOTPATH_CAPACITY_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(default_mib)
+        << 20
+}
+
 /// `replays` replays of RMM's `random_allocations` (n, max size) on the same `a`.
 fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
     let w = random_allocations(n, max_mib, 16_000, SEED);
@@ -63,7 +73,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -71,6 +81,17 @@ fn main() {
         let (n, max) = (n.parse().expect("N"), max.parse().expect("MAX_MIB"));
         let replays = replays.parse().expect("REPLAYS");
         match which.as_str() {
+            "soma" | "soma-retain" => {
+                let npu =
+                    soma::sim::Npu::builder().capacity(capacity(512 << 10)).build().expect("npu");
+                let dev = npu.device(0).expect("device");
+                let s = dev.create_stream().expect("stream");
+                let pool = MemPool::builder()
+                    .recycle_on_growth(which == "soma")
+                    .build(&dev)
+                    .expect("pool");
+                random(SomaApi::new(&pool, &s), n, max, replays);
+            }
             "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
             "soma-engine-retain" => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
@@ -91,16 +112,7 @@ fn main() {
     const RANGE: u64 = 1 << 40;
     match which.as_str() {
         "soma" => {
-            let npu = soma::sim::Npu::builder()
-                .capacity(
-                    std::env::var("SOMA_HOTPATH_CAPACITY_MIB")
-                        .ok()
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(8192)
-                        << 20,
-                )
-                .build()
-                .expect("npu");
+            let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
             let dev = npu.device(0).expect("device");
             let s = dev.create_stream().expect("stream");
             let pool = MemPool::builder().build(&dev).expect("pool");
