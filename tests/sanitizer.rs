@@ -660,6 +660,29 @@ fn planted_bugs_after_random_programs_are_always_caught() {
 }
 
 #[test]
+fn a_use_enqueued_right_after_a_synchronize_is_not_ordered_before_a_free() {
+    // Found as a flake of the test above (seed 1, bug 2: about 1 run in 30): when the random
+    // prefix ended with a synchronize of `t` and `t.wait_stream(s)` needed no wait task (the
+    // record had completed), the raw fill took the position just past the host's observation
+    // of `t`, which the sanitizer counted as observed (an off-by-one between its exclusive
+    // bounds and an inclusive comparison), so the unordered free went unreported.
+    let npu = npu(SanitizerMode::Report);
+    let dev = npu.device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let t = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut x = pool.alloc_async::<u32>(1000, &s).unwrap();
+    fill_u32(&s, &mut x, 1);
+    t.wait_stream(&s).unwrap();
+    t.synchronize().unwrap(); // the host observes everything enqueued on t so far
+    raw_fill(&t, x.device_ptr(), 4000, 0); // t's next task: not observed by anyone
+    wait_device_only(&t);
+    drop(x); // the free is not ordered after t's use
+    dev.synchronize().unwrap();
+    assert_eq!(kinds(&npu), [ReportKind::FreeNotOrderedAfterUse]);
+}
+
+#[test]
 fn a_raw_free_on_an_unordered_stream_lets_a_reuse_race_with_the_previous_owner() {
     // Found by running tests/state_machine.rs under the sanitizer. Block B is used and freed
     // on s1 (its work still queued), reused on s1 (same stream), then that allocation is

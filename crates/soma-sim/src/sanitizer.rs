@@ -397,11 +397,14 @@ fn point_before_task(p: &Point, t: &TaskView<'_>) -> bool {
     (t.stream == p.stream && t.pos > p.pos) || t.clock.get(p.stream) > p.pos
 }
 
+/// Whether task `t` is ordered before `free`. A clock entry `c` for a stream covers its tasks
+/// at positions `< c` (a record at `c` covers the tasks before it; the host observing `n`
+/// enqueued tasks gives `n + 1`), so the comparison is strict, as in [`point_before_task`].
 fn task_before_free(t: &TaskView<'_>, free: &FreeInfo) -> bool {
     if free.point.stream == HOST {
         return false;
     }
-    (t.stream == free.point.stream && t.pos <= free.point.pos) || free.clock.get(t.stream) >= t.pos
+    (t.stream == free.point.stream && t.pos <= free.point.pos) || free.clock.get(t.stream) > t.pos
 }
 
 const MIN_PRUNE_AT: usize = 256;
