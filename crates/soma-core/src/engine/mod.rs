@@ -18,7 +18,8 @@
 //!   for untagged memory. O(1) insert / remove / class search.
 //! * **Segments**: every [`Backing::map`] call creates one segment; segments are unmapped
 //!   whole, exactly as mapped, and only when every byte is free and no in-flight work can
-//!   touch it (untagged, or [`StreamOrder::is_complete`]).
+//!   touch it (untagged, or [`StreamOrder::is_complete`]). A bitset of segment boundaries
+//!   (`bounds.rs`, one bit per granule) lists the segments inside a free block for recycling.
 //!
 //! # Search order of [`Engine::alloc`] (request of stream `T`)
 //!
