@@ -373,7 +373,7 @@ impl Engine {
                     cur = b.next_free;
                 }
             }
-            if found >= need && last_cls == usize::MAX {
+            if found >= need && last_cls == usize::MAX && !self.scans_every_list() {
                 last_cls = cls + 1;
             }
             next_cls = cls + 1;
@@ -404,6 +404,17 @@ impl Engine {
         cands.clear();
         self.scratch = cands;
         unmapped
+    }
+
+    #[cfg(test)]
+    fn scans_every_list(&self) -> bool {
+        self.recycle_scan_all
+    }
+
+    #[cfg(not(test))]
+    #[inline]
+    fn scans_every_list(&self) -> bool {
+        false
     }
 
     /// Picks the segments to unmap for `need` bytes out of `cands` (`(offset, size, first

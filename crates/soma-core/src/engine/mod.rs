@@ -525,6 +525,10 @@ pub struct Engine {
     segments: BTreeMap<u64, Segment>,
     /// Where segments start and end (granule indices), for recycling's candidate search.
     bounds: bounds::Boundaries,
+    /// Tests: recycling scans every free list (no early stop), to check the stop changes
+    /// nothing.
+    #[cfg(test)]
+    recycle_scan_all: bool,
     /// Live blocks by offset (when `cfg.index_by_offset`).
     live_index: Option<OffsetMap>,
     stats: EngineStats,
@@ -627,6 +631,8 @@ impl Engine {
             holes,
             segments: BTreeMap::new(),
             bounds: bounds::Boundaries::default(),
+            #[cfg(test)]
+            recycle_scan_all: false,
             live_index: cfg.index_by_offset.then(OffsetMap::default),
             stats: EngineStats::default(),
             scratch: Vec::new(),
