@@ -86,11 +86,10 @@ fn main() {
                     soma::sim::Npu::builder().capacity(capacity(512 << 10)).build().expect("npu");
                 let dev = npu.device(0).expect("device");
                 let s = dev.create_stream().expect("stream");
-                let pool = MemPool::builder()
-                    .recycle_on_growth(which == "soma")
-                    .build(&dev)
-                    .expect("pool");
-                random(SomaApi::new(&pool, &s), n, max, replays);
+                let recycle = which == "soma";
+                let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
+                let name = if recycle { "soma" } else { "soma-retain" };
+                random(SomaApi::named(&pool, &s, name), n, max, replays);
             }
             "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
             "soma-engine-retain" => {
