@@ -774,11 +774,7 @@ impl PoolCore {
         if ring.push(f).is_err() {
             // Full: drain it (the lock does) and free directly.
             let mut inner = self.lock();
-            inner.engine.free(f.block, f.tag).map_err(|e| {
-                Error::InvalidArgument(format!(
-                    "free of block {block:?} failed: {e:?} (double free?)"
-                ))
-            })?;
+            inner.engine.free(f.block, f.tag).map_err(|e| free_failed(block, &e))?;
         }
         Ok(())
     }
@@ -1190,11 +1186,7 @@ impl PoolCore {
                     Error::InvalidArgument(format!("free of block {block:?}: double free"))
                 })?;
             }
-            _ => inner.engine.free(block, tag).map_err(|e| {
-                Error::InvalidArgument(format!(
-                    "free of block {block:?} failed: {e:?} (double free?)"
-                ))
-            })?,
+            _ => inner.engine.free(block, tag).map_err(|e| free_failed(block, &e))?,
         }
         if let Some(info) = info.filter(|_| inner.history.is_some()) {
             let (offset, size) = (info.offset, info.size);
@@ -1202,6 +1194,11 @@ impl PoolCore {
         }
         Ok(())
     }
+}
+
+/// The error of an engine free that failed (an unknown or already free block).
+fn free_failed(block: BlockId, e: &crate::engine::FreeError) -> Error {
+    Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
 }
 
 /// A stream-ordered memory pool on one device.
