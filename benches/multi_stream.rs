@@ -9,8 +9,13 @@
 //! cross-stream reuse). The pool's reuse counters are written to
 //! `<target>/soma-bench/multi_stream.json` to show that cross-stream reuse happened.
 //!
+//! The same two loops run on a pool split into 4 stream shards
+//! (`MemPoolBuilder::stream_shards(4)`: one engine and lock per stream here, reuse across
+//! shards before growth).
+//!
 //! One criterion iteration = one op on every thread; the time reported is wall time / (ops
-//! of all threads): aggregate ns per op. Ids: `multi_stream/threads/<1|4>`.
+//! of all threads): aggregate ns per op. Ids: `multi_stream/threads/<1|4>` (default pool)
+//! and `multi_stream/sharded/<1|4>`.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -67,19 +72,25 @@ fn multi(c: &mut Criterion) {
         (0..THREADS).map(|t| random_allocations(4096, 1, 256, SEED + t as u64)).collect();
     let mut g = c.benchmark_group("multi_stream");
     let mut json = Vec::new();
-    for threads in [1, THREADS] {
+    for (name, shards, threads) in [
+        ("threads", 1, 1),
+        ("threads", 1, THREADS),
+        ("sharded", THREADS, 1),
+        ("sharded", THREADS, THREADS),
+    ] {
         let streams: Vec<Stream<'_>> =
             (0..threads).map(|_| dev.create_stream().expect("stream")).collect();
         let pool = MemPool::builder()
             .reuse(ReusePolicy::new(true, false, false))
+            .stream_shards(shards)
             .build(&dev)
             .expect("pool");
-        g.bench_function(BenchmarkId::new("threads", threads), |b| {
+        g.bench_function(BenchmarkId::new(name, threads), |b| {
             b.iter_custom(|iters| run(&pool, &streams, &works, iters) / threads as u32)
         });
         let st = pool.stats();
         json.push(format!(
-            "{{\"threads\":{threads},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
+            "{{\"threads\":{threads},\"shards\":{shards},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
              \"event_dependency\":{},\"opportunistic\":{},\"host_synchronized\":{},\"fresh\":{},\
              \"map_calls\":{},\"reserved_high\":{},\"used_high\":{}}}",
             std::thread::available_parallelism().map_or(1, |n| n.get()),

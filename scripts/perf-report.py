@@ -464,30 +464,42 @@ def section(target, crit, cmd_note):
     w("")
     ms = load_json(target, "multi_stream") or []
     one = crit.get(("multi_stream", "threads", "1"))
-    four = crit.get(("multi_stream", "threads", "4"))
     w("4 threads, each with its own stream, allocating and freeing concurrently from one pool "
       "(public API; RMM-style random sizes 1 B … 1 MiB, ≤ 256 MiB live per thread); every 64 "
       "ops a stream waits on its neighbour's (`wait_stream`), so the neighbour's earlier frees "
       "are reusable through events (rule 2; opportunistic reuse off). Time = wall time / ops "
-      "of all threads (aggregate ns per op); CPU-normalised = × min(threads, cores).")
+      "of all threads (aggregate ns per op); CPU-normalised = × min(threads, cores). `default` "
+      "is the default pool (one engine, one lock); `sharded` the same pool built with "
+      "`stream_shards(4)` (one engine and lock per stream here; reuse crosses shards before any "
+      "shard grows). Ratios are to the default pool's single-thread figure.")
     w("")
     cores = (ms[0].get("cores") if ms else None) or os.cpu_count() or 1
-    w("| threads | ns / op (aggregate) | CPU-normalised ns / op | vs 1 thread (aggregate / normalised) | same-stream reuses | event-dependency reuses | fresh | map calls |")
-    w("|---:|---:|---:|---|---:|---:|---:|---:|")
+    w("| pool | threads | ns / op (aggregate) | CPU-normalised ns / op | vs default 1 thread (aggregate / normalised) | same-stream reuses | event-dependency reuses | fresh | map calls | reserved high MiB |")
+    w("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for row in ms:
         t = row["threads"]
-        ns = crit.get(("multi_stream", "threads", str(t)))
+        sharded = row.get("shards", 1) > 1
+        ns = crit.get(("multi_stream", "sharded" if sharded else "threads", str(t)))
         norm = None if ns is None else ns * min(t, cores)
-        w(f"| {t} | {fmt_ns(ns)} | {fmt_ns(norm)} | {fmt_ratio(ratio(ns, one))} / "
-          f"{fmt_ratio(ratio(norm, one))} | {row['same_stream']} | {row['event_dependency']} | "
-          f"{row['fresh']} | {row['map_calls']} |")
+        w(f"| {'sharded' if sharded else 'default'} | {t} | {fmt_ns(ns)} | {fmt_ns(norm)} | "
+          f"{fmt_ratio(ratio(ns, one))} / {fmt_ratio(ratio(norm, one))} | {row['same_stream']} | "
+          f"{row['event_dependency']} | {row['fresh']} | {row['map_calls']} | "
+          f"{row['reserved_high'] / MIB:.0f} |")
     w("")
-    if one and four:
-        agg = four / one
-        norm = four * min(4, cores) / one
-        w(f"- Target: multi-stream ≤ 2× single-stream per op — aggregate {verdict(agg <= 2)} "
-          f"({agg:.2f}×); CPU-normalised ({min(4, cores)} cores busy) {verdict(norm <= 2)} "
-          f"({norm:.2f}×): the pool's single lock serialises the 4 streams.")
+    for label, key in [("default pool", "threads"), ("`stream_shards(4)`", "sharded")]:
+        four = crit.get(("multi_stream", key, "4"))
+        if one and four:
+            agg = four / one
+            norm = four * min(4, cores) / one
+            why = (": the pool's single lock serialises the 4 streams" if key == "threads"
+                   else "")
+            w(f"- Target: multi-stream ≤ 2× single-stream per op, {label} — aggregate "
+              f"{verdict(agg <= 2)} ({agg:.2f}×); CPU-normalised ({min(4, cores)} cores busy) "
+              f"{verdict(norm <= 2)} ({norm:.2f}×){why}.")
+    sh1 = crit.get(("multi_stream", "sharded", "1"))
+    if one and sh1:
+        w(f"- One thread on the sharded pool: {sh1 / one:.2f}× the default pool (the pool-wide "
+          f"counters cost two atomic read-modify-writes per locked allocation or drain).")
     w("")
 
     # ---- 5. bookkeeping

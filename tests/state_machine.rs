@@ -103,6 +103,8 @@ struct PoolCfg {
     follow: bool,
     opportunistic: bool,
     internal: bool,
+    /// `MemPoolBuilder::stream_shards`: 1 (one engine) or 2–3 shards by stream slot.
+    shards: u8,
 }
 
 /// A generated program: pool configurations, initial streams and steps. Its `Debug` prints
@@ -186,10 +188,19 @@ fn pool_strategy() -> impl Strategy<Value = PoolCfg> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        prop_oneof![2 => Just(1u8), 1 => Just(2), 1 => Just(3)],
     )
-        .prop_map(|(tight, alignment, threshold_mib, follow, opportunistic, internal)| {
-            PoolCfg { tight, alignment, threshold_mib, follow, opportunistic, internal }
-        })
+        .prop_map(
+            |(tight, alignment, threshold_mib, follow, opportunistic, internal, shards)| PoolCfg {
+                tight,
+                alignment,
+                threshold_mib,
+                follow,
+                opportunistic,
+                internal,
+                shards,
+            },
+        )
 }
 
 fn case_strategy() -> impl Strategy<Value = Case> {
@@ -384,6 +395,7 @@ fn run_case(case: &Case) -> Result<(), String> {
                 }))
                 .reuse(ReusePolicy::new(c.follow, c.opportunistic, c.internal))
                 .raw_pointers(true)
+                .stream_shards(usize::from(c.shards))
                 .build(&dev)
                 .expect("pool")
         })
@@ -905,8 +917,16 @@ fn pool_matches_the_shadow_model() {
 
 /// A fixed program covering every rule once, so that a plain `cargo test` exercises the
 /// model deterministically too.
+/// Run with one engine and with the pool split into 2 and 3 stream shards (every reuse then
+/// crosses shards: stream slots 0, 1, 2 allocate in different ones).
 #[test]
 fn scripted_program_covers_every_rule() {
+    for shards in 1..=3 {
+        scripted_program_covers_every_rule_with(shards);
+    }
+}
+
+fn scripted_program_covers_every_rule_with(shards: u8) {
     let all = PoolCfg {
         tight: false,
         alignment: 512,
@@ -914,6 +934,7 @@ fn scripted_program_covers_every_rule() {
         follow: true,
         opportunistic: true,
         internal: true,
+        shards,
     };
     let none = PoolCfg { follow: false, opportunistic: false, internal: false, ..all.clone() };
     let case = Case {
@@ -941,9 +962,16 @@ fn scripted_program_covers_every_rule() {
 }
 
 /// A tight pool with only internal dependencies on: the second stream can only get memory
-/// by waiting for the first one's frees (the pool must really order it after them).
+/// by waiting for the first one's frees (the pool must really order it after them) — with
+/// one engine, and with two shards, where the frees are in the other stream's shard.
 #[test]
 fn scripted_internal_dependency() {
+    for shards in 1..=2 {
+        scripted_internal_dependency_with(shards);
+    }
+}
+
+fn scripted_internal_dependency_with(shards: u8) {
     let tight = PoolCfg {
         tight: true,
         alignment: 512,
@@ -951,6 +979,7 @@ fn scripted_internal_dependency() {
         follow: false,
         opportunistic: false,
         internal: true,
+        shards,
     };
     let case = Case {
         pools: vec![tight.clone(), tight],
@@ -981,6 +1010,7 @@ fn scripted_rule_two_after_an_internal_dependency() {
         follow: true,
         opportunistic: false,
         internal: true,
+        shards: 1,
     };
     let other = PoolCfg { threshold_mib: 0, follow: false, internal: false, ..pool.clone() };
     let case = Case {

@@ -755,27 +755,7 @@ impl Engine {
         order: &dyn StreamOrder,
         backing: &mut dyn Backing,
     ) -> Result<Allocation, AllocError> {
-        let Some(align) = self.effective_align(align) else {
-            return Err(AllocError::InvalidAlignment(format!(
-                "alignment {align} is not a power of two in 1..={}",
-                self.cfg.granularity
-            )));
-        };
-        if bytes == 0 {
-            return Err(AllocError::InvalidSize("size 0".into()));
-        }
-        // `round_size` with the alignment already validated and raised.
-        let Some(size) = bytes.checked_add(align - 1).map(|b| b & !(align - 1)) else {
-            return Err(AllocError::InvalidSize(format!(
-                "size {bytes} overflows when rounded to {align}"
-            )));
-        };
-        if size > self.cfg.range_size {
-            return Err(AllocError::InvalidSize(format!(
-                "size {bytes} (rounded {size}) exceeds the pool's range of {} bytes",
-                self.cfg.range_size
-            )));
-        }
+        let (size, align) = self.checked_request(bytes, align)?;
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
@@ -815,6 +795,67 @@ impl Engine {
         }
         self.stats.ooms += 1;
         Err(AllocError::OutOfMemory(self.oom_info(bytes, size, stream, order)))
+    }
+
+    /// As [`Engine::alloc`], but only from cached memory: the reuse rules (and rule 4 when
+    /// `with_dependency` is set and `order` allows internal dependencies), never a map.
+    /// `Ok(None)` when nothing cached fits. A sharded pool asks every shard this before one
+    /// of them grows, so that reuse anywhere comes before fresh memory.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::InvalidSize`] / [`AllocError::InvalidAlignment`] for bad input.
+    ///
+    /// # Time Complexity
+    ///
+    /// As [`Engine::alloc`] served from cache.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the API carries OomInfo by value; the error path is cold"
+    )]
+    pub fn alloc_cached(
+        &mut self,
+        bytes: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        with_dependency: bool,
+    ) -> Result<Option<Allocation>, AllocError> {
+        let (size, align) = self.checked_request(bytes, align)?;
+        if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
+            return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
+        }
+        if with_dependency && order.internal_dependencies() {
+            return Ok(self.take_internal_dependency(size, align, stream));
+        }
+        Ok(None)
+    }
+
+    /// Validates a request: its rounded size and effective alignment.
+    #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose errors these are")]
+    fn checked_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
+        let Some(align) = self.effective_align(align) else {
+            return Err(AllocError::InvalidAlignment(format!(
+                "alignment {align} is not a power of two in 1..={}",
+                self.cfg.granularity
+            )));
+        };
+        if bytes == 0 {
+            return Err(AllocError::InvalidSize("size 0".into()));
+        }
+        // `round_size` with the alignment already validated and raised.
+        let Some(size) = bytes.checked_add(align - 1).map(|b| b & !(align - 1)) else {
+            return Err(AllocError::InvalidSize(format!(
+                "size {bytes} overflows when rounded to {align}"
+            )));
+        };
+        if size > self.cfg.range_size {
+            return Err(AllocError::InvalidSize(format!(
+                "size {bytes} (rounded {size}) exceeds the pool's range of {} bytes",
+                self.cfg.range_size
+            )));
+        }
+        Ok((size, align))
     }
 
     /// Frees a live block onto stream `tag.stream` at position `tag.pos` (the stream may
@@ -992,6 +1033,11 @@ impl Engine {
     /// Bytes in live blocks.
     pub fn used(&self) -> u64 {
         self.stats.used
+    }
+
+    /// Live blocks.
+    pub fn live_blocks(&self) -> u64 {
+        self.stats.live_blocks
     }
 
     /// Bytes mapped.

@@ -564,9 +564,32 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
     ) -> OomInfo {
+        let pending = self.pending_frees(stream, order);
+        OomInfo {
+            requested,
+            rounded,
+            used: self.stats.used,
+            reserved: self.stats.reserved,
+            max: self.cfg.range_size,
+            largest_free_block: self.largest_free_block(),
+            pending_bytes: pending.iter().map(|p| p.bytes).sum(),
+            pending,
+        }
+    }
+
+    /// The frees of other streams than `stream` that no rule lets it reuse yet, by stream
+    /// (what waiting for those streams would make reusable).
+    ///
+    /// # Time Complexity
+    ///
+    /// O(cached blocks of other streams).
+    pub fn pending_frees(
+        &self,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> SmallVec<[PendingFrees; 4]> {
         let own_slot = index_slot(true, stream);
         let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
-        let mut pending_bytes = 0;
         for slot in 1..self.indexes.len() {
             if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.count == 0) {
                 continue;
@@ -581,19 +604,9 @@ impl Engine {
                 }
             });
             if bytes > 0 {
-                pending_bytes += bytes;
                 pending.push(PendingFrees { stream: s, bytes, max_pos });
             }
         }
-        OomInfo {
-            requested,
-            rounded,
-            used: self.stats.used,
-            reserved: self.stats.reserved,
-            max: self.cfg.range_size,
-            largest_free_block: self.largest_free_block(),
-            pending_bytes,
-            pending,
-        }
+        pending
     }
 }

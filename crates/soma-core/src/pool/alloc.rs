@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::{MemPool, PoolCore};
+use super::{Granted, MemPool, PoolCore};
 use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
 use crate::device::Device;
 use crate::engine::{BlockId, StreamSlot};
@@ -41,6 +41,8 @@ pub struct PoolAlloc<'s, T> {
     uses: Mutex<SmallVec<[StreamSlot; 2]>>,
     /// False once freed or handed off (then `Drop` does nothing).
     live: bool,
+    /// The pool's shard that holds the block.
+    shard: u8,
     _elem: PhantomData<fn() -> T>,
 }
 
@@ -48,18 +50,18 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     pub(crate) fn new(
         pool: &'s MemPool<'s>,
         stream: &'s Stream<'s>,
-        block: Option<BlockId>,
-        ptr: DevicePtr,
+        granted: Granted,
         len: usize,
     ) -> Self {
         PoolAlloc {
             pool,
             stream,
-            block,
-            ptr,
+            block: granted.block,
+            ptr: granted.ptr,
             len,
             uses: Mutex::new(SmallVec::new()),
             live: true,
+            shard: granted.shard,
             _elem: PhantomData,
         }
     }
@@ -84,7 +86,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         let location = std::panic::Location::caller();
         let uses = std::mem::take(&mut *self.uses.lock());
         let device = &self.pool.device().shared;
-        self.pool.core().free_typed(
+        self.pool_core().free_typed(
             device,
             (self.block, self.ptr),
             self.byte_len_internal(),
@@ -118,6 +120,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
             len: self.len,
             uses: Mutex::new(uses),
             live: true,
+            shard: self.shard,
             _elem: PhantomData,
         })
     }
@@ -144,8 +147,13 @@ impl<T> PoolAlloc<'_, T> {
         self.byte_len_internal()
     }
 
+    /// The shard of the pool that holds the block.
     pub(crate) fn pool_core(&self) -> &PoolCore {
-        self.pool.core()
+        self.pool.core_at(self.shard)
+    }
+
+    pub(crate) fn shard(&self) -> u8 {
+        self.shard
     }
 
     pub(crate) fn stream_slot(&self) -> StreamSlot {
@@ -185,7 +193,8 @@ impl<T> Drop for PoolAlloc<'_, T> {
         // `&mut self`: no other reference exists, so the uses need no lock.
         let bytes = self.byte_len_internal();
         let uses = self.uses.get_mut();
-        let result = self.pool.core().free_typed(
+        let core = self.pool.core_at(self.shard);
+        let result = core.free_typed(
             &self.pool.device().shared,
             (self.block, self.ptr),
             bytes,
@@ -195,7 +204,7 @@ impl<T> Drop for PoolAlloc<'_, T> {
         );
         if let Err(e) = result {
             // Never panic, never print: the pool reports it at its next fallible call.
-            self.pool.core().set_sticky(e);
+            core.set_sticky(e);
         }
     }
 }

@@ -137,7 +137,7 @@ macro_rules! counter {
                 if let Some(n) = &pool.core().native {
                     return Ok(n.get_attr($id)?);
                 }
-                let $p = pool.core();
+                let $p = pool.stats();
                 Ok($get)
             }
         }
@@ -148,25 +148,25 @@ counter!(
     /// Physical bytes the pool holds (used + cached). Read-only.
     ReservedMemCurrent,
     0x5,
-    |p| p.engine_stats().reserved
+    |p| p.reserved
 );
 counter!(
     /// High-water mark of [`ReservedMemCurrent`]; resettable.
     ReservedMemHigh,
     0x6,
-    |p| p.engine_stats().reserved_high
+    |p| p.reserved_high
 );
 counter!(
     /// Bytes handed out and not yet freed (rounded sizes). Read-only.
     UsedMemCurrent,
     0x7,
-    |p| p.engine_stats().used
+    |p| p.used
 );
 counter!(
     /// High-water mark of [`UsedMemCurrent`]; resettable.
     UsedMemHigh,
     0x8,
-    |p| p.engine_stats().used_high
+    |p| p.used_high
 );
 
 impl Resettable for ReservedMemHigh {
@@ -174,7 +174,7 @@ impl Resettable for ReservedMemHigh {
         if let Some(n) = &pool.core().native {
             return Ok(n.set_attr(Self::ID, 0)?);
         }
-        pool.core().with_engine(|e| e.reset_reserved_high());
+        pool.reset_high_marks(false, true);
         Ok(())
     }
 }
@@ -184,7 +184,7 @@ impl Resettable for UsedMemHigh {
         if let Some(n) = &pool.core().native {
             return Ok(n.set_attr(Self::ID, 0)?);
         }
-        pool.core().with_engine(|e| e.reset_used_high());
+        pool.reset_high_marks(true, false);
         Ok(())
     }
 }

@@ -5,6 +5,7 @@ pub mod attr;
 pub mod free_ring;
 mod observe_api;
 mod passthrough;
+mod shards;
 mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -41,6 +42,8 @@ pub(crate) struct Granted {
     pub(crate) block: Option<BlockId>,
     pub(crate) ptr: DevicePtr,
     pub(crate) size: u64,
+    /// The shard whose engine holds `block` (0 unless the pool is sharded).
+    pub(crate) shard: u8,
 }
 
 /// What an out-of-memory hook asks the pool to do.
@@ -138,6 +141,7 @@ pub struct MemPoolBuilder {
     passthrough: bool,
     segments_per_growth: u64,
     recycle_on_growth: bool,
+    stream_shards: usize,
 }
 
 impl std::fmt::Debug for MemPoolBuilder {
@@ -154,6 +158,7 @@ impl std::fmt::Debug for MemPoolBuilder {
             .field("segments_per_growth", &self.segments_per_growth)
             .field("passthrough", &self.passthrough)
             .field("recycle_on_growth", &self.recycle_on_growth)
+            .field("stream_shards", &self.stream_shards)
             .finish()
     }
 }
@@ -172,6 +177,7 @@ impl Default for MemPoolBuilder {
             passthrough: false,
             segments_per_growth: 0,
             recycle_on_growth: true,
+            stream_shards: 1,
         }
     }
 }
@@ -301,6 +307,45 @@ impl MemPoolBuilder {
         self
     }
 
+    /// Into how many shards the pool is split by stream (default 1: one engine and one lock
+    /// for all streams). With `n > 1`, stream slot `s` allocates from shard `s % n`, each
+    /// shard with its own engine, lock and free ring over its own reserved address range, so
+    /// that streams driven from different threads do not wait for each other's allocations.
+    /// Reuse still crosses shards: before any shard maps fresh memory, every shard's cached
+    /// memory is tried under the same reuse rules, and a shard out of memory first releases
+    /// the other shards' idle memory and retries. `max_size`, the release threshold and every
+    /// counter (`used`, `reserved` and their high-water marks) stay the pool's as a whole.
+    ///
+    /// The price: a stream prefers its own shard's cached memory to a better fit in another
+    /// shard, and each shard recycles against its own high-water mark, so peak reserved memory
+    /// of a multi-stream program can be higher than with one shard; each shard reserves
+    /// `max_size` of address space when its first stream allocates (a shard whose range cannot
+    /// be reserved is skipped: its streams use shard 0). Shards need virtual memory
+    /// management and are not available with [`native`](Self::native),
+    /// [`passthrough`](Self::passthrough) or a [`history`](Self::history) (whose offsets and
+    /// counters are one engine's); `n` is 1 to 64.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// let (s1, s2) = (dev.create_stream()?, dev.create_stream()?);
+    /// let pool = soma_core::MemPool::builder().stream_shards(2).build(&dev)?;
+    /// let a = pool.alloc_async::<u8>(1 << 20, &s1)?;
+    /// let b = pool.alloc_async::<u8>(1 << 20, &s2)?;
+    /// assert_eq!(pool.stats().used, 2 << 20); // counted for the pool as a whole
+    /// let a_ptr = a.device_ptr();
+    /// drop(a);
+    /// s2.wait_stream(&s1)?; // s1's free is ordered before s2's later work
+    /// let c = pool.alloc_async::<u8>(1 << 20, &s2)?; // reused across shards
+    /// assert_eq!(c.device_ptr(), a_ptr);
+    /// # drop((b, c)); Ok(()) }
+    /// ```
+    pub fn stream_shards(mut self, n: usize) -> Self {
+        self.stream_shards = n;
+        self
+    }
+
     /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
     /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
     /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
@@ -360,6 +405,52 @@ impl MemPoolBuilder {
                 "release threshold {threshold} exceeds max_size {max_size}"
             )));
         }
+        if self.stream_shards == 0 || self.stream_shards > MAX_STREAM_SHARDS {
+            return Err(Error::InvalidConfig(format!(
+                "stream_shards({}) is not in 1..={MAX_STREAM_SHARDS}",
+                self.stream_shards
+            )));
+        }
+        if self.stream_shards > 1
+            && (self.native || self.passthrough || self.history > 0 || !info.supports_vmm)
+        {
+            return Err(Error::InvalidConfig(
+                "stream_shards above 1 needs virtual memory management and is not available \
+                 with a native or pass-through pool or with a history"
+                    .into(),
+            ));
+        }
+        let settings = Arc::new(Settings {
+            reuse: AtomicU32::new(self.reuse.bits()),
+            release_threshold: AtomicU64::new(threshold),
+        });
+        let budget = (self.stream_shards > 1).then(|| Arc::new(shards::Budget::new(max_size)));
+        let spec = CoreSpec {
+            max_size,
+            granularity,
+            settings,
+            budget,
+            created: Instant::now(),
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+        };
+        let core = self.create_core(device, &spec, 0)?;
+        crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
+        let shards = spec.budget.clone().map(|budget| {
+            Box::new(ShardSet {
+                shards: shards::Shards::new(budget, self.stream_shards),
+                builder: self,
+                spec,
+            })
+        });
+        Ok(MemPool { device, core, shards })
+    }
+
+    /// Creates shard `shard` of a pool (the whole pool when it is not sharded): its engine,
+    /// its address range, its state; registered with the device for the release threshold.
+    fn create_core(&self, device: &Device, spec: &CoreSpec, shard: u8) -> Result<Arc<PoolCore>> {
+        let info = device.info();
+        let (max_size, granularity) = (spec.max_size, spec.granularity);
+        let threshold = spec.settings.release_threshold.load(Ordering::Relaxed);
         let mut engine = Engine::new(EngineConfig {
             range_size: max_size,
             granularity,
@@ -401,15 +492,15 @@ impl MemPoolBuilder {
         };
         let ring_possible = native.is_none();
         let annotate = device.hal().wants_annotations();
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let core = Arc::new(PoolCore {
             hal,
             base,
             max_size,
             alignment: self.alignment,
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            reuse: AtomicU32::new(self.reuse.bits()),
-            release_threshold: AtomicU64::new(threshold),
+            id: spec.id,
+            shard,
+            settings: Arc::clone(&spec.settings),
+            budget: spec.budget.clone(),
             torn_down: AtomicBool::new(false),
             inner: Mutex::new(PoolInner {
                 engine,
@@ -420,8 +511,8 @@ impl MemPoolBuilder {
                 raw_blocks: std::collections::HashSet::new(),
                 ring_accounted: 0,
             }),
-            created: Instant::now(),
-            on_oom: self.on_oom,
+            created: spec.created,
+            on_oom: self.on_oom.clone(),
             annotate,
             preallocated: native.is_none() && !info.supports_vmm,
             native,
@@ -434,9 +525,36 @@ impl MemPoolBuilder {
             sticky_hint: AtomicBool::new(false),
         });
         device.shared.register_pool(&core);
-        crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
-        Ok(MemPool { device, core })
+        Ok(core)
     }
+}
+
+/// The most shards a pool may have ([`MemPoolBuilder::stream_shards`]).
+pub const MAX_STREAM_SHARDS: usize = 64;
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Settings of a pool that every shard reads (set through any of them).
+pub(crate) struct Settings {
+    reuse: AtomicU32,
+    release_threshold: AtomicU64,
+}
+
+/// What the shards of one pool share, fixed at build.
+struct CoreSpec {
+    max_size: u64,
+    granularity: u64,
+    settings: Arc<Settings>,
+    budget: Option<Arc<shards::Budget>>,
+    created: Instant,
+    id: u64,
+}
+
+/// The shards of a sharded pool, with what it takes to create the ones not yet used.
+struct ShardSet {
+    shards: shards::Shards,
+    builder: MemPoolBuilder,
+    spec: CoreSpec,
 }
 
 pub(crate) struct PoolInner {
@@ -466,6 +584,7 @@ impl PoolInner {
             created: core.created,
             used,
             reserved,
+            budget: core.budget.as_deref(),
         };
         (&mut self.engine, backing)
     }
@@ -511,6 +630,41 @@ impl PoolInner {
     }
 }
 
+/// The locked state of one core. In a sharded pool, unlocking applies what the critical
+/// section changed in the shard's used bytes and live blocks to the pool-wide counters.
+pub(crate) struct Locked<'a> {
+    guard: MutexGuard<'a, PoolInner>,
+    /// The pool's counters and the shard's `(used, live blocks)` when it was locked.
+    budget: Option<(&'a shards::Budget, u64, u64)>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = PoolInner;
+
+    fn deref(&self) -> &PoolInner {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut PoolInner {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some((budget, used, live)) = self.budget {
+            let engine = &self.guard.engine;
+            // Both are below 2^63 (bounded by the range and the slab).
+            let d_used = engine.used() as i64 - used as i64;
+            let d_live = engine.live_blocks() as i64 - live as i64;
+            budget.add_used(d_used, d_live);
+        }
+    }
+}
+
 /// The shared part of a pool (also reachable from the device, for release at synchronize).
 pub(crate) struct PoolCore {
     hal: Arc<dyn DeviceHal>,
@@ -518,8 +672,12 @@ pub(crate) struct PoolCore {
     max_size: u64,
     alignment: u64,
     id: u64,
-    reuse: AtomicU32,
-    release_threshold: AtomicU64,
+    /// This core's index among the pool's shards (0 when the pool is not sharded).
+    shard: u8,
+    settings: Arc<Settings>,
+    /// The pool-wide limit and counters of a sharded pool (`None`: one shard, whose engine
+    /// keeps them).
+    budget: Option<Arc<shards::Budget>>,
     torn_down: AtomicBool,
     pub(crate) inner: Mutex<PoolInner>,
     created: Instant,
@@ -554,6 +712,8 @@ struct HalBacking<'a> {
     created: Instant,
     used: u64,
     reserved: u64,
+    /// A sharded pool's limit, shared with the other shards: every map claims its size first.
+    budget: Option<&'a shards::Budget>,
 }
 
 impl HalBacking<'_> {
@@ -586,12 +746,28 @@ impl Backing for HalBacking<'_> {
             self.record(RecordKind::Map, offset, size);
             return Ok(0);
         }
-        let handle = self.hal.alloc_physical(size).map_err(map_backing_error)?;
-        if let Err(e) = self.hal.map(va, handle) {
-            // The physical allocation is ours alone; give it back before reporting.
-            let _ = self.hal.free_physical(handle);
-            return Err(map_backing_error(e));
+        if self.budget.is_some_and(|b| !b.try_map(size)) {
+            // The other shards hold the rest of the pool's limit.
+            return Err(BackingError::OutOfMemory);
         }
+        let mapped =
+            self.hal.alloc_physical(size).and_then(|handle| match self.hal.map(va, handle) {
+                Ok(()) => Ok(handle),
+                Err(e) => {
+                    // The physical allocation is ours alone; give it back before reporting.
+                    let _ = self.hal.free_physical(handle);
+                    Err(e)
+                }
+            });
+        let handle = match mapped {
+            Ok(handle) => handle,
+            Err(e) => {
+                if let Some(b) = self.budget {
+                    b.unmapped(size);
+                }
+                return Err(map_backing_error(e));
+            }
+        };
         self.reserved += size;
         self.record(RecordKind::Map, offset, size);
         crate::observe::trace_map(offset, size, self.reserved);
@@ -616,6 +792,10 @@ impl Backing for HalBacking<'_> {
         let handle = self.hal.unmap(va).map_err(map_backing_error)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
         self.hal.free_physical(handle).map_err(map_backing_error)?;
+        if let Some(b) = self.budget {
+            // Accounted as the engine accounts it: released once the free succeeded.
+            b.unmapped(size);
+        }
         self.reserved = self.reserved.saturating_sub(size);
         self.record(RecordKind::Unmap, offset, size);
         Ok(())
@@ -669,12 +849,15 @@ impl PoolCore {
     /// Locks the pool's state, first handing the frees waiting in the free ring to the
     /// engine: whatever runs under the lock sees every free that returned before it.
     #[inline]
-    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolInner> {
+    pub(crate) fn lock(&self) -> Locked<'_> {
         // std's mutex: under oversubscription (more allocating threads than cores) it beat
         // parking_lot's by ~10-25 % on the multi-stream bench. Poisoning is ignored, as with
         // parking_lot before: the engine does not panic on any input (the bad-input and
         // fuzz tests check it), and a pool that refused every later call would be worse.
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let budget =
+            self.budget.as_deref().map(|b| (b, guard.engine.used(), guard.engine.live_blocks()));
+        let mut inner = Locked { guard, budget };
         if let Some(ring) = &self.free_ring {
             if ring.produced() != inner.ring_accounted {
                 self.drain_ring(ring, &mut inner);
@@ -742,7 +925,7 @@ impl PoolCore {
         let size = self.block_size(bytes)?;
         let slot = stream.slot();
         let f = ring.pop_only_if(|f| f.tag.stream == slot && f.size == size)?;
-        Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size })
+        Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size, shard: self.shard })
     }
 
     /// Frees a typed allocation (`PoolAlloc`): through the free ring when the pool has one
@@ -780,23 +963,23 @@ impl PoolCore {
     }
 
     fn reuse_policy(&self) -> ReusePolicy {
-        ReusePolicy::from_bits(self.reuse.load(Ordering::Relaxed))
+        ReusePolicy::from_bits(self.settings.reuse.load(Ordering::Relaxed))
     }
 
     pub(crate) fn reuse_flag(&self, bit: u32) -> bool {
-        self.reuse.load(Ordering::Relaxed) & bit != 0
+        self.settings.reuse.load(Ordering::Relaxed) & bit != 0
     }
 
     pub(crate) fn set_reuse_flag(&self, bit: u32, on: bool) {
         if on {
-            self.reuse.fetch_or(bit, Ordering::Relaxed);
+            self.settings.reuse.fetch_or(bit, Ordering::Relaxed);
         } else {
-            self.reuse.fetch_and(!bit, Ordering::Relaxed);
+            self.settings.reuse.fetch_and(!bit, Ordering::Relaxed);
         }
     }
 
     pub(crate) fn release_threshold(&self) -> u64 {
-        self.release_threshold.load(Ordering::Relaxed)
+        self.settings.release_threshold.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_release_threshold(&self, bytes: u64) -> Result<()> {
@@ -806,16 +989,8 @@ impl PoolCore {
                 self.max_size
             )));
         }
-        self.release_threshold.store(bytes, Ordering::Relaxed);
+        self.settings.release_threshold.store(bytes, Ordering::Relaxed);
         Ok(())
-    }
-
-    pub(crate) fn engine_stats(&self) -> EngineStats {
-        self.lock().engine.stats()
-    }
-
-    pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
-        f(&mut self.lock().engine)
     }
 
     pub(crate) fn ptr_at(&self, offset: u64) -> DevicePtr {
@@ -869,12 +1044,19 @@ impl PoolCore {
         let threshold = self.release_threshold();
         let mut inner = self.lock();
         self.drain_passthrough(device, &mut inner);
-        if inner.engine.reserved() <= threshold {
-            return;
-        }
+        // A shard releases what the pool as a whole holds above the threshold (the device
+        // calls every shard in turn).
+        let keep = match &self.budget {
+            Some(b) => match b.reserved().checked_sub(threshold) {
+                Some(excess) if excess > 0 => inner.engine.reserved().saturating_sub(excess),
+                _ => return,
+            },
+            None if inner.engine.reserved() <= threshold => return,
+            None => threshold,
+        };
         let order = Order { device, requester: None, reuse: 0 };
         let (engine, mut backing) = inner.parts(self);
-        match engine.release(threshold, &order, &mut backing) {
+        match engine.release(keep, &order, &mut backing) {
             Ok(released) => {
                 crate::observe::trace_trim("threshold", released, inner.engine.reserved());
                 inner.record(self, RecordKind::Trim, 0, 0, released, 0)
@@ -896,6 +1078,9 @@ impl PoolCore {
 
     /// Allocates `bytes` for `stream` (rounded to the pool's alignment), waiting for other
     /// streams' pending frees and retrying once before reporting out of memory.
+    ///
+    /// `peers` are the other shards of a sharded pool (empty otherwise): their cached memory
+    /// is tried before this shard grows, and their idle memory released when it runs out.
     pub(crate) fn allocate(
         &self,
         device: &DeviceShared,
@@ -903,6 +1088,7 @@ impl PoolCore {
         stream: &Stream<'_>,
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+        peers: &[&PoolCore],
     ) -> Result<Granted> {
         if let Some(native) = &self.native {
             if let Some(e) = self.take_sticky(&mut self.lock()) {
@@ -910,11 +1096,11 @@ impl PoolCore {
             }
             let ptr = native.malloc_async(bytes, &**stream.hal())?;
             let size = bytes.div_ceil(self.alignment) * self.alignment;
-            return Ok(Granted { block: None, ptr, size });
+            return Ok(Granted { block: None, ptr, size, shard: 0 });
         }
         let mut hook_retried = false;
         loop {
-            match self.try_allocate(device, bytes, stream, location) {
+            match self.try_allocate(device, bytes, stream, location, peers) {
                 Err(Error::OutOfMemory(oom)) if !hook_retried => {
                     // Both the per-call hook and the pool's hook may free memory.
                     let local = on_oom(&oom);
@@ -925,13 +1111,7 @@ impl PoolCore {
                     }
                     return Err(Error::OutOfMemory(oom));
                 }
-                other => {
-                    return other.map(|a| Granted {
-                        block: Some(a.block),
-                        ptr: self.ptr_at(a.offset),
-                        size: a.size,
-                    })
-                }
+                other => return other,
             }
         }
     }
@@ -942,9 +1122,15 @@ impl PoolCore {
         bytes: u64,
         stream: &Stream<'_>,
         location: Option<&'static Location<'static>>,
-    ) -> Result<Allocation> {
-        let reuse = self.reuse.load(Ordering::Relaxed);
+        peers: &[&PoolCore],
+    ) -> Result<Granted> {
+        let reuse = self.settings.reuse.load(Ordering::Relaxed);
         let order = Order { device, requester: Some(stream), reuse };
+        if !peers.is_empty() {
+            if let Some(g) = self.reuse_in_shards(device, bytes, stream, location, &order, peers)? {
+                return Ok(g);
+            }
+        }
         let first = {
             let mut inner = self.lock();
             self.drain_passthrough(device, &mut inner);
@@ -956,16 +1142,101 @@ impl PoolCore {
         };
         let allocation = match first {
             Ok(a) => a,
-            Err(e) => self.alloc_failed(device, bytes, stream, location, &order, e)?,
+            Err(e) => match self.alloc_failed(device, bytes, stream, location, &order, e, peers)? {
+                Ok(a) => a,
+                // Served by another shard after the wait for pending frees.
+                Err(granted) => return Ok(granted),
+            },
         };
-        self.finish_allocate(device, bytes, stream, location, allocation)
+        let a = self.finish_allocate(device, bytes, stream, location, allocation)?;
+        Ok(self.granted(&a))
+    }
+
+    fn granted(&self, a: &Allocation) -> Granted {
+        Granted {
+            block: Some(a.block),
+            ptr: self.ptr_at(a.offset),
+            size: a.size,
+            shard: self.shard,
+        }
+    }
+
+    /// A sharded pool, before this shard (the requesting stream's) maps: cached memory of any
+    /// shard, this one first — first under the rules that need no new dependency, then (when
+    /// internal dependencies are allowed) with rule 4 — so that the pool reuses before it
+    /// grows, as one engine does. `None` when no shard has a fitting block; bad requests are
+    /// left to the engine's full path to report.
+    fn reuse_in_shards(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        order: &Order<'_>,
+        peers: &[&PoolCore],
+    ) -> Result<Option<Granted>> {
+        for with_dependency in [false, true] {
+            if with_dependency && !order.internal_dependencies() {
+                break;
+            }
+            for &core in std::iter::once(&self).chain(peers) {
+                let got = {
+                    let mut inner = core.lock();
+                    if std::ptr::eq(core, self) {
+                        if let Some(e) = self.take_sticky(&mut inner) {
+                            return Err(e);
+                        }
+                    }
+                    inner.engine.alloc_cached(
+                        bytes,
+                        core.alignment,
+                        stream.slot(),
+                        order,
+                        with_dependency,
+                    )
+                };
+                match got {
+                    Ok(Some(a)) => {
+                        let a = core.finish_allocate(device, bytes, stream, location, a)?;
+                        return Ok(Some(core.granted(&a)));
+                    }
+                    Ok(None) => {}
+                    Err(_) => return Ok(None),
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Releases the idle memory of the other shards (`peers`): fully free segments whose
+    /// frees have completed, as `trim_to(0)` does. Returns the bytes released.
+    fn release_peers(&self, device: &DeviceShared, peers: &[&PoolCore]) -> u64 {
+        let order = Order { device, requester: None, reuse: 0 };
+        let mut released = 0;
+        for &core in peers {
+            let mut inner = core.lock();
+            let (engine, mut backing) = inner.parts(core);
+            match engine.release(0, &order, &mut backing) {
+                Ok(n) => released += n,
+                Err(e) => core.put_sticky(
+                    &mut inner,
+                    Error::Driver(crate::hal::DriverError::Native {
+                        code: -1,
+                        message: format!("releasing a shard's memory failed: {e:?}"),
+                    }),
+                ),
+            }
+        }
+        released
     }
 
     /// The rest of a failed first attempt of [`PoolCore::try_allocate`] (cold): out of memory
-    /// with frees pending on other streams waits for them and retries once; otherwise the
-    /// error is reported and recorded.
+    /// in a sharded pool first releases the other shards' idle memory and retries; out of
+    /// memory with frees pending on other streams waits for them and retries once; otherwise
+    /// the error is reported and recorded. `Ok(Err(granted))`: served by another shard.
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn alloc_failed(
         &self,
         device: &DeviceShared,
@@ -974,32 +1245,62 @@ impl PoolCore {
         location: Option<&'static Location<'static>>,
         order: &Order<'_>,
         first: AllocError,
-    ) -> Result<Allocation> {
+        peers: &[&PoolCore],
+    ) -> Result<std::result::Result<Allocation, Granted>> {
+        let first = match first {
+            AllocError::OutOfMemory(_)
+                if !peers.is_empty() && self.release_peers(device, peers) > 0 =>
+            {
+                let mut inner = self.lock();
+                let (engine, mut backing) = inner.parts(self);
+                match engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing) {
+                    Ok(a) => return Ok(Ok(a)),
+                    Err(e) => e,
+                }
+            }
+            other => other,
+        };
         // What was pending on other streams before the wait, for the report.
         let mut first_pending = smallvec::SmallVec::new();
         let result = match first {
-            AllocError::OutOfMemory(info) if !info.pending.is_empty() => {
-                first_pending.clone_from(&info.pending);
-                // Wait (without the pool lock) for the streams holding pending frees, then
-                // retry once: their blocks become host-observed and reusable here.
-                for pending in &info.pending {
-                    if let Some(live) = device.live_stream(pending.stream) {
-                        let enqueued = live.enqueued();
-                        let _ = live.hal.synchronize();
-                        device.observe(pending.stream, enqueued + 1);
-                    }
+            AllocError::OutOfMemory(mut info) => {
+                for &peer in peers {
+                    let more = peer.lock().engine.pending_frees(stream.slot(), order);
+                    info.pending.extend(more);
                 }
-                let mut inner = self.lock();
-                inner.oom_retries += 1;
-                let (engine, mut backing) = inner.parts(self);
-                engine
-                    .alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
-                    .map_err(|e| (e, true))
+                if info.pending.is_empty() {
+                    Err((AllocError::OutOfMemory(info), false))
+                } else {
+                    first_pending.clone_from(&info.pending);
+                    // Wait (without the pool lock) for the streams holding pending frees, then
+                    // retry once: their blocks become host-observed and reusable here.
+                    for pending in &info.pending {
+                        if let Some(live) = device.live_stream(pending.stream) {
+                            let enqueued = live.enqueued();
+                            let _ = live.hal.synchronize();
+                            device.observe(pending.stream, enqueued + 1);
+                        }
+                    }
+                    self.lock().oom_retries += 1;
+                    if !peers.is_empty() {
+                        if let Some(g) =
+                            self.reuse_in_shards(device, bytes, stream, location, order, peers)?
+                        {
+                            return Ok(Err(g));
+                        }
+                        self.release_peers(device, peers);
+                    }
+                    let mut inner = self.lock();
+                    let (engine, mut backing) = inner.parts(self);
+                    engine
+                        .alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
+                        .map_err(|e| (e, true))
+                }
             }
             other => Err((other, false)),
         };
         match result {
-            Ok(a) => Ok(a),
+            Ok(a) => Ok(Ok(a)),
             Err((e, retried)) => {
                 let oom = matches!(e, AllocError::OutOfMemory(_));
                 let error = self.alloc_error(e, bytes, stream, retried, &first_pending);
@@ -1108,8 +1409,9 @@ impl PoolCore {
                     requested: bytes,
                     rounded: info.rounded,
                     stream: stream.id(),
-                    used: info.used,
-                    reserved: info.reserved,
+                    // A sharded pool reports the pool's figures, not the shard's.
+                    used: self.budget.as_ref().map_or(info.used, |b| b.counters().used),
+                    reserved: self.budget.as_ref().map_or(info.reserved, |b| b.reserved()),
                     max: info.max,
                     largest_free_block: info.largest_free_block,
                     pending_bytes: pending.iter().map(|p| p.bytes).sum(),
@@ -1224,7 +1526,9 @@ fn free_failed(block: BlockId, e: &crate::engine::FreeError) -> Error {
 /// ```
 pub struct MemPool<'d> {
     device: &'d Device,
+    /// Shard 0: the whole pool unless it is sharded.
     core: Arc<PoolCore>,
+    shards: Option<Box<ShardSet>>,
 }
 
 impl<'d> MemPool<'d> {
@@ -1255,7 +1559,7 @@ impl<'d> MemPool<'d> {
 
     /// Replaces the reuse rules (affects later allocations).
     pub fn set_reuse_policy(&self, policy: ReusePolicy) {
-        self.core.reuse.store(policy.bits(), Ordering::Relaxed);
+        self.core.settings.reuse.store(policy.bits(), Ordering::Relaxed);
     }
 
     /// Allocates `len` elements of `T` for use on `stream`.
@@ -1275,15 +1579,13 @@ impl<'d> MemPool<'d> {
     ) -> Result<PoolAlloc<'s, T>> {
         stream.check_device(self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
-        if let Some(g) = self.core.reuse_ringed(bytes, stream) {
-            return Ok(PoolAlloc::new(self, stream, g.block, g.ptr, len));
+        let home = self.home(stream);
+        if let Some(g) = home.reuse_ringed(bytes, stream) {
+            return Ok(PoolAlloc::new(self, stream, g, len));
         }
         let location = Location::caller();
-        let allocation =
-            self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut |_| {
-                OomAction::Fail
-            })?;
-        Ok(PoolAlloc::new(self, stream, allocation.block, allocation.ptr, len))
+        let g = self.allocate(home, bytes, stream, Some(location), &mut |_| OomAction::Fail)?;
+        Ok(PoolAlloc::new(self, stream, g, len))
     }
 
     /// As [`alloc_async`](Self::alloc_async), but when the pool is out of memory `on_oom` is
@@ -1317,12 +1619,12 @@ impl<'d> MemPool<'d> {
         stream.check_device(self.device, "the pool")?;
         let location = Location::caller();
         let bytes = bytes_for::<T>(len)?;
-        if let Some(g) = self.core.reuse_ringed(bytes, stream) {
-            return Ok(PoolAlloc::new(self, stream, g.block, g.ptr, len));
+        let home = self.home(stream);
+        if let Some(g) = home.reuse_ringed(bytes, stream) {
+            return Ok(PoolAlloc::new(self, stream, g, len));
         }
-        let allocation =
-            self.core.allocate(&self.device.shared, bytes, stream, Some(location), &mut on_oom)?;
-        Ok(PoolAlloc::new(self, stream, allocation.block, allocation.ptr, len))
+        let g = self.allocate(home, bytes, stream, Some(location), &mut on_oom)?;
+        Ok(PoolAlloc::new(self, stream, g, len))
     }
 
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
@@ -1335,11 +1637,10 @@ impl<'d> MemPool<'d> {
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
-        let a = self
-            .core
-            .allocate(&self.device.shared, bytes, stream, None, &mut |_| OomAction::Fail)?;
+        let home = self.home(stream);
+        let a = self.allocate(home, bytes, stream, None, &mut |_| OomAction::Fail)?;
         if let Some(block) = a.block {
-            self.core.lock().raw_blocks.insert(block);
+            self.core_at(a.shard).lock().raw_blocks.insert(block);
         }
         Ok((a.ptr, a.size))
     }
@@ -1354,25 +1655,27 @@ impl<'d> MemPool<'d> {
         if self.core.native.is_some() {
             return self.core.free_block(&self.device.shared, (None, ptr), stream, &[], None);
         }
-        let block = self.lookup(ptr).filter(|b| self.core.lock().raw_blocks.remove(b)).ok_or_else(
-            || {
-                Error::InvalidArgument(format!(
-                    "{ptr} is not the start of a live raw allocation of this pool"
-                ))
-            },
-        )?;
-        self.core.free_block(&self.device.shared, (Some(block), ptr), stream, &[], None)
+        let found = self.lookup(ptr).filter(|(core, b, _)| core.lock().raw_blocks.remove(b));
+        let Some((core, block, _)) = found else {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr} is not the start of a live raw allocation of this pool"
+            )));
+        };
+        core.free_block(&self.device.shared, (Some(block), ptr), stream, &[], None)
     }
 
     /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
     pub fn owns(&self, ptr: DevicePtr) -> Option<u64> {
-        let offset = ptr.offset_from(self.core.base)?;
-        self.core.lock().engine.lookup(offset).map(|(_, size)| size)
+        self.lookup(ptr).map(|(_, _, size)| size)
     }
 
-    fn lookup(&self, ptr: DevicePtr) -> Option<BlockId> {
-        let offset = ptr.offset_from(self.core.base)?;
-        self.core.lock().engine.lookup(offset).map(|(b, _)| b)
+    /// The shard, block and rounded size of the live block that starts at `ptr`.
+    fn lookup(&self, ptr: DevicePtr) -> Option<(&PoolCore, BlockId, u64)> {
+        self.cores().find_map(|core| {
+            let offset = ptr.offset_from(core.base).filter(|&o| o < core.max_size)?;
+            let (block, size) = core.lock().engine.lookup(offset)?;
+            Some((core, block, size))
+        })
     }
 
     /// Reads an attribute.
@@ -1403,10 +1706,12 @@ impl<'d> MemPool<'d> {
     }
 
     fn take_sticky(&self) -> Result<()> {
-        match self.core.take_sticky(&mut self.core.lock()) {
-            Some(e) => Err(e),
-            None => Ok(()),
+        for core in self.cores() {
+            if let Some(e) = core.take_sticky(&mut core.lock()) {
+                return Err(e);
+            }
         }
+        Ok(())
     }
 
     /// Releases free memory now, down to `max(bytes, used)`; memory in use, and memory whose
@@ -1429,18 +1734,29 @@ impl<'d> MemPool<'d> {
             return Ok(before.saturating_sub(after));
         }
         let order = Order { device: &self.device.shared, requester: None, reuse: 0 };
-        let mut inner = self.core.lock();
-        self.core.drain_passthrough(&self.device.shared, &mut inner);
-        let (engine, mut backing) = inner.parts(&self.core);
-        let released = engine.release(bytes, &order, &mut backing).map_err(|e| {
-            Error::Driver(crate::hal::DriverError::Native {
-                code: -1,
-                message: format!("unmap failed: {e:?}"),
-            })
-        })?;
-        inner.record(&self.core, RecordKind::Trim, 0, 0, released, 0);
-        crate::observe::trace_trim("trim_to", released, inner.engine.reserved());
-        Ok(released)
+        let mut total = 0;
+        // A sharded pool trims its shards in turn until the pool as a whole is at `bytes`.
+        for core in self.cores() {
+            let mut inner = core.lock();
+            core.drain_passthrough(&self.device.shared, &mut inner);
+            let keep = match &core.budget {
+                Some(b) => {
+                    inner.engine.reserved().saturating_sub(b.reserved().saturating_sub(bytes))
+                }
+                None => bytes,
+            };
+            let (engine, mut backing) = inner.parts(core);
+            let released = engine.release(keep, &order, &mut backing).map_err(|e| {
+                Error::Driver(crate::hal::DriverError::Native {
+                    code: -1,
+                    message: format!("unmap failed: {e:?}"),
+                })
+            })?;
+            inner.record(core, RecordKind::Trim, 0, 0, released, 0);
+            crate::observe::trace_trim("trim_to", released, inner.engine.reserved());
+            total += released;
+        }
+        Ok(total)
     }
 
     /// A consistent snapshot of the pool's counters; O(1).
@@ -1456,13 +1772,46 @@ impl<'d> MemPool<'d> {
                 ..PoolStats::default()
             };
         }
-        let inner = self.core.lock();
-        PoolStats::from_engine(
-            &inner.engine.stats(),
-            inner.oom_retries,
-            inner.ooms,
-            self.core.max_size,
-        )
+        let Some(set) = &self.shards else {
+            let inner = self.core.lock();
+            return PoolStats::from_engine(
+                &inner.engine.stats(),
+                inner.oom_retries,
+                inner.ooms,
+                self.core.max_size,
+            );
+        };
+        // The shards' counters add up; the pool's sizes and high-water marks are its own.
+        let (mut sum, mut oom_retries, mut ooms) = (EngineStats::default(), 0, 0);
+        for core in self.cores() {
+            let inner = core.lock();
+            let e = inner.engine.stats();
+            sum.allocs += e.allocs;
+            sum.frees += e.frees;
+            sum.fresh_allocs += e.fresh_allocs;
+            for (total, n) in sum.reuses.iter_mut().zip(e.reuses) {
+                *total += n;
+            }
+            sum.map_calls += e.map_calls;
+            sum.unmap_calls += e.unmap_calls;
+            sum.mapped_segments += e.mapped_segments;
+            sum.bytes_mapped_total += e.bytes_mapped_total;
+            sum.bytes_unmapped_total += e.bytes_unmapped_total;
+            sum.pending_bytes += e.pending_bytes;
+            sum.free_bytes += e.free_bytes;
+            sum.largest_free_block = sum.largest_free_block.max(e.largest_free_block);
+            sum.ooms += e.ooms;
+            oom_retries += inner.oom_retries;
+            ooms += inner.ooms;
+        }
+        let c = set.shards.budget.counters();
+        sum.used = c.used;
+        sum.used_high = c.used_high;
+        sum.reserved = c.reserved;
+        sum.reserved_high = c.reserved_high;
+        sum.live_blocks = c.live;
+        sum.live_blocks_high = c.live_high;
+        PoolStats::from_engine(&sum, oom_retries, ooms, self.core.max_size)
     }
 
     /// Moves the given allocations of `stream` to the lowest free addresses below them, with
@@ -1484,7 +1833,7 @@ impl<'d> MemPool<'d> {
             )));
         }
         for a in allocations.iter() {
-            if !std::ptr::eq(a.pool_core(), &*self.core) {
+            if !self.cores().any(|c| std::ptr::eq(a.pool_core(), c)) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
             }
             if a.stream_slot() != stream.slot() || !a.stream().device().same_as(stream.device()) {
@@ -1498,33 +1847,34 @@ impl<'d> MemPool<'d> {
         let mut moved = 0;
         for i in order_idx {
             let a = &mut *allocations[i];
+            let core = self.core_at(a.shard());
             let order = Order {
                 device: &self.device.shared,
                 requester: Some(stream),
-                reuse: self.core.reuse.load(Ordering::Relaxed),
+                reuse: core.settings.reuse.load(Ordering::Relaxed),
             };
             let Some(block) = a.block() else { continue };
-            let target = self.core.lock().engine.relocate_lower(block, stream.slot(), &order);
+            let target = core.lock().engine.relocate_lower(block, stream.slot(), &order);
             let Some(target) = target else { continue };
             if let Some(tag) = target.dependency {
-                if let Err(e) = self.core.insert_dependency(&self.device.shared, tag, stream) {
-                    let _ = self.core.lock().engine.free(target.block, tag);
+                if let Err(e) = core.insert_dependency(&self.device.shared, tag, stream) {
+                    let _ = core.lock().engine.free(target.block, tag);
                     return Err(e);
                 }
             }
             // The copy reads the old block: order it after every other stream's recorded use
             // (a write enqueued there before the compaction must land first).
             let uses = a.uses_snapshot();
-            if let Err(e) = self.core.wait_for_uses(&self.device.shared, stream, &uses) {
+            if let Err(e) = core.wait_for_uses(&self.device.shared, stream, &uses) {
                 let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
-                let _ = self.core.lock().engine.free(target.block, tag);
+                let _ = core.lock().engine.free(target.block, tag);
                 return Err(e);
             }
-            let new_ptr = self.core.ptr_at(target.offset);
-            if self.core.annotate {
+            let new_ptr = core.ptr_at(target.offset);
+            if core.annotate {
                 // The moved allocation is a new allocation of the block for the sanitizer.
-                self.core.hal.annotate(crate::hal::PoolAnnotation::Alloc {
-                    pool: self.core.id,
+                core.hal.annotate(crate::hal::PoolAnnotation::Alloc {
+                    pool: core.id,
                     ptr: new_ptr,
                     size: a.byte_len_internal(),
                     stream: stream.id(),
@@ -1532,20 +1882,20 @@ impl<'d> MemPool<'d> {
                 });
             }
             if let Err(e) = stream.hal().copy_d2d(new_ptr, a.device_ptr(), a.byte_len_internal()) {
-                if self.core.annotate {
-                    self.core.hal.annotate(crate::hal::PoolAnnotation::Free {
-                        pool: self.core.id,
+                if core.annotate {
+                    core.hal.annotate(crate::hal::PoolAnnotation::Free {
+                        pool: core.id,
                         ptr: new_ptr,
                         stream: stream.id(),
                         position: stream.hal().enqueued(),
                     });
                 }
                 let tag = FreeTag { stream: stream.slot(), pos: stream.position() };
-                let _ = self.core.lock().engine.free(target.block, tag);
+                let _ = core.lock().engine.free(target.block, tag);
                 return Err(e.into());
             }
             let (old_block, old_ptr, uses) = a.relocate(target.block, new_ptr);
-            self.core.free_block(&self.device.shared, (old_block, old_ptr), stream, &uses, None)?;
+            core.free_block(&self.device.shared, (old_block, old_ptr), stream, &uses, None)?;
             moved += 1;
         }
         Ok(moved)
@@ -1565,28 +1915,93 @@ impl<'d> MemPool<'d> {
     /// tests that check which path frees and allocations took.
     #[doc(hidden)]
     pub fn free_ring_tickets(&self) -> Option<(u64, u64)> {
-        self.core.free_ring.as_ref().map(|r| (r.produced(), r.consumed()))
+        self.core.free_ring.as_ref()?;
+        let rings = self.cores().filter_map(|c| c.free_ring.as_ref());
+        Some(rings.fold((0, 0), |(p, c), r| (p + r.produced(), c + r.consumed())))
     }
 
+    /// Shard 0: the whole pool unless it is sharded.
     pub(crate) fn core(&self) -> &PoolCore {
         &self.core
+    }
+
+    /// The pool-wide counters of a sharded pool (`None`: one shard, the engine keeps them).
+    pub(crate) fn budget(&self) -> Option<&shards::Budget> {
+        self.shards.as_ref().map(|s| &*s.shards.budget)
+    }
+
+    /// The shards created so far, shard 0 first.
+    pub(crate) fn cores(&self) -> impl Iterator<Item = &PoolCore> {
+        let more = self.shards.iter().flat_map(|s| s.shards.more.iter());
+        std::iter::once(&*self.core).chain(more.filter_map(|c| c.get().and_then(Option::as_deref)))
+    }
+
+    /// Shard `shard` (shard 0 for an index that names no created shard).
+    pub(crate) fn core_at(&self, shard: u8) -> &PoolCore {
+        let more = self
+            .shards
+            .as_ref()
+            .and_then(|s| s.shards.more.get(usize::from(shard).checked_sub(1)?));
+        more.and_then(|c| c.get()).and_then(Option::as_deref).unwrap_or(&self.core)
+    }
+
+    /// The shard `stream` allocates in: its slot modulo the shard count, created (its range
+    /// reserved) on first use; shard 0 when that fails.
+    fn home(&self, stream: &Stream<'_>) -> &PoolCore {
+        let Some(set) = &self.shards else { return &self.core };
+        let i = stream.slot() as usize % set.shards.count();
+        let Some(cell) = i.checked_sub(1).and_then(|j| set.shards.more.get(j)) else {
+            return &self.core;
+        };
+        let created =
+            cell.get_or_init(|| set.builder.create_core(self.device, &set.spec, i as u8).ok());
+        created.as_deref().unwrap_or(&self.core)
+    }
+
+    /// Allocates for `stream` in its shard `home`; a sharded pool offers the other shards'
+    /// cached memory first (see `shards.rs`).
+    fn allocate(
+        &self,
+        home: &PoolCore,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+    ) -> Result<Granted> {
+        let device = &self.device.shared;
+        if self.shards.is_none() {
+            return home.allocate(device, bytes, stream, location, on_oom, &[]);
+        }
+        let peers: smallvec::SmallVec<[&PoolCore; 8]> =
+            self.cores().filter(|c| !std::ptr::eq(*c, home)).collect();
+        home.allocate(device, bytes, stream, location, on_oom, &peers)
     }
 }
 
 impl Drop for MemPool<'_> {
     fn drop(&mut self) {
-        // No allocation is alive (they borrow the pool), but frees may still be in flight on
-        // their streams: wait for those before unmapping.
         let device = &self.device.shared;
-        if let Some(p) = &self.core.passthrough {
+        for core in self.cores().skip(1) {
+            core.shut_down(device);
+        }
+        self.core.shut_down(device);
+    }
+}
+
+impl PoolCore {
+    /// The end of a pool (or of one of its shards): no allocation is alive (they borrow the
+    /// pool), but frees may still be in flight on their streams — waits for those, then
+    /// unmaps everything and gives the address range back.
+    fn shut_down(&self, device: &DeviceShared) {
+        if let Some(p) = &self.passthrough {
             // Deferred frees: let their host functions run, then hand them to the engine.
             if p.outstanding() {
-                let _ = self.core.hal.synchronize();
+                let _ = self.hal.synchronize();
             }
-            self.core.drain_passthrough(device, &mut self.core.lock());
+            self.drain_passthrough(device, &mut self.lock());
         }
         let pending: Vec<(StreamSlot, u64)> = {
-            let inner = self.core.lock();
+            let inner = self.lock();
             let mut v: Vec<(StreamSlot, u64)> = Vec::new();
             for b in inner.engine.blocks() {
                 if let crate::engine::BlockState::Free(Some(tag)) = b.state {
@@ -1606,21 +2021,18 @@ impl Drop for MemPool<'_> {
                 }
             }
         }
-        self.core.torn_down.store(true, Ordering::Release);
-        if self.core.native.is_some() {
+        self.torn_down.store(true, Ordering::Release);
+        if self.native.is_some() {
             // Dropping the native pool destroys it (errors are kept by the backend).
             return;
         }
-        let mut inner = self.core.lock();
+        let mut inner = self.lock();
         // Nothing to report to from a destructor; the device's counters show any leak.
-        let (engine, mut backing) = inner.parts(&self.core);
+        let (engine, mut backing) = inner.parts(self);
         let _ = engine.teardown(&mut backing);
         drop(inner);
-        let _ = if self.core.preallocated {
-            self.core.hal.free(self.core.base)
-        } else {
-            self.core.hal.release(self.core.base)
-        };
+        let _ =
+            if self.preallocated { self.hal.free(self.base) } else { self.hal.release(self.base) };
     }
 }
 

@@ -12,6 +12,8 @@ impl MemPool<'_> {
     /// blocks — live, cached on a stream (named by the stream's backend id), or free — with
     /// totals. O(blocks), under the pool's lock; see [`Snapshot::to_json`]. Empty for a
     /// [`native`](crate::MemPoolBuilder::native) pool (the driver does not expose its blocks).
+    /// A [sharded](crate::MemPoolBuilder::stream_shards) pool's shards appear side by side:
+    /// shard *i*'s offsets start at *i* × `max_size`.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,12 +33,22 @@ impl MemPool<'_> {
     pub fn snapshot(&self) -> Snapshot {
         let core = self.core();
         let device = &self.device().shared;
-        let inner = core.lock();
+        // A sharded pool's shards side by side: shard i's offsets start at i * max_size
+        // (the shards are locked one after another, so the picture is per-shard consistent).
+        let guards: Vec<_> = self.cores().map(|c| (c.shard, c.lock())).collect();
+        let blocks = guards.iter().flat_map(|(shard, inner)| {
+            let shift = u64::from(*shard) * core.max_size;
+            inner.engine.blocks().map(move |mut b| {
+                b.offset += shift;
+                b
+            })
+        });
+        let shards = guards.iter().map(|(shard, _)| u64::from(*shard) + 1).max().unwrap_or(1);
         Snapshot::from_blocks(
             core.created.elapsed().as_nanos() as u64,
-            core.max_size,
+            core.max_size * shards,
             core.alignment,
-            inner.engine.blocks(),
+            blocks,
             |slot| {
                 let id = device.live_stream(slot).map(|l| l.hal.id());
                 (id, device.slot(slot).observed.load(Ordering::Acquire))
@@ -60,11 +72,30 @@ impl MemPool<'_> {
             native.set_attr(ReservedMemHigh::ID, 0)?;
             return Ok(());
         }
-        core.with_engine(|e| {
-            e.reset_used_high();
-            e.reset_reserved_high();
-        });
+        self.reset_high_marks(true, true);
         Ok(())
+    }
+
+    /// Restarts the chosen high-water marks from the current values, in every shard and in
+    /// the pool-wide counters of a sharded pool.
+    pub(crate) fn reset_high_marks(&self, used: bool, reserved: bool) {
+        for core in self.cores() {
+            let mut inner = core.lock();
+            if used {
+                inner.engine.reset_used_high();
+            }
+            if reserved {
+                inner.engine.reset_reserved_high();
+            }
+        }
+        if let Some(b) = self.budget() {
+            if used {
+                b.reset_used_high();
+            }
+            if reserved {
+                b.reset_reserved_high();
+            }
+        }
     }
 
     /// A copy of the event history ring (it keeps the **last** `capacity` records and counts
