@@ -499,7 +499,8 @@ def section(target, crit, cmd_note):
     sh1 = crit.get(("multi_stream", "sharded", "1"))
     if one and sh1:
         w(f"- One thread on the sharded pool: {sh1 / one:.2f}× the default pool (the pool-wide "
-          f"counters cost two atomic read-modify-writes per locked allocation or drain).")
+          f"counters cost two atomic read-modify-writes per locked allocation or free, and frees "
+          f"take the shard's lock: a sharded pool has no free ring).")
     w("")
 
     # ---- 5. bookkeeping

@@ -129,6 +129,24 @@ fn counters_and_high_water_marks_are_the_pools_as_a_whole() {
     assert_eq!(pool.stats().used, 0);
 }
 
+/// A typed free must reach the pool-wide counters at once, even when the next allocation
+/// is served by another shard that never looks at the freeing one (a free parked in a
+/// per-shard queue would still count as used there and inflate `used_high`).
+#[test]
+fn a_free_in_one_shard_is_not_counted_as_used_while_another_shard_allocates() {
+    let npu = common::npu();
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = two_streams(&dev);
+    let pool = sharded(&dev, 64 * MIB, ReusePolicy::NONE);
+    drop(pool.alloc_async::<u8>(GRANULE, &s2).unwrap()); // cached in s2's shard
+    drop(pool.alloc_async::<u8>(GRANULE, &s1).unwrap()); // grows s1's shard, freed there
+    let b = pool.alloc_async::<u8>(GRANULE, &s2).unwrap(); // s2's own cache: no other shard
+    let st = pool.stats();
+    assert_eq!((st.used, st.used_high), (GRANULE as u64, GRANULE as u64), "{st:?}");
+    assert_eq!(pool.get::<soma::attr::UsedMemHigh>().unwrap(), GRANULE as u64);
+    drop(b);
+}
+
 #[test]
 fn trim_and_the_release_threshold_cover_every_shard() {
     let npu = common::npu();

@@ -329,16 +329,18 @@ impl MemPoolBuilder {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let npu = soma_sim::Npu::builder().build()?;
     /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// // consecutive stream slots: one stream in each shard
     /// let (s1, s2) = (dev.create_stream()?, dev.create_stream()?);
     /// let pool = soma_core::MemPool::builder().stream_shards(2).build(&dev)?;
-    /// let a = pool.alloc_async::<u8>(1 << 20, &s1)?;
-    /// let b = pool.alloc_async::<u8>(1 << 20, &s2)?;
-    /// assert_eq!(pool.stats().used, 2 << 20); // counted for the pool as a whole
+    /// let a = pool.alloc_async::<u8>(2 << 20, &s1)?; // one 2 MiB granule each
+    /// let b = pool.alloc_async::<u8>(2 << 20, &s2)?;
+    /// assert_eq!(pool.stats().used, 4 << 20); // counted for the pool as a whole
     /// let a_ptr = a.device_ptr();
     /// drop(a);
     /// s2.wait_stream(&s1)?; // s1's free is ordered before s2's later work
-    /// let c = pool.alloc_async::<u8>(1 << 20, &s2)?; // reused across shards
+    /// let c = pool.alloc_async::<u8>(2 << 20, &s2)?; // rule 2, across shards
     /// assert_eq!(c.device_ptr(), a_ptr);
+    /// assert_eq!(pool.stats().reuses.event_dependency, 1);
     /// # drop((b, c)); Ok(()) }
     /// ```
     pub fn stream_shards(mut self, n: usize) -> Self {
@@ -519,9 +521,15 @@ impl MemPoolBuilder {
             passthrough: self.passthrough.then(passthrough::Passthrough::default),
             history_on: self.history > 0,
             // Every free must reach the engine at once for the sanitizer's annotations, the
-            // history and pass-through mode; a native pool has no engine.
-            free_ring: (ring_possible && !self.passthrough && self.history == 0 && !annotate)
-                .then(free_ring::FreeRing::new),
+            // history and pass-through mode; a native pool has no engine. In a sharded pool a
+            // ring would be drained only when its own shard is locked, so the pool-wide `used`
+            // (and its high-water mark) would count frees waiting there: frees lock instead.
+            free_ring: (ring_possible
+                && !self.passthrough
+                && self.history == 0
+                && !annotate
+                && spec.budget.is_none())
+            .then(free_ring::FreeRing::new),
             sticky_hint: AtomicBool::new(false),
         });
         device.shared.register_pool(&core);

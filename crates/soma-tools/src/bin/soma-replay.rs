@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
-//!             [--streams N] [--sync-every K] [--capacity BYTES] [--no-recycle]
+//!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle]
 //!             [--replays R] [--json]
 //! ```
 //!
@@ -14,7 +14,7 @@
 //! are reused across streams through those events. `--sync-every K` synchronizes the device
 //! every `K` ops (that is where the release threshold applies); by default nothing
 //! synchronizes until the end. `--no-recycle` builds the pool with
-//! `recycle_on_growth(false)`. `--replays R` replays the trace `R` times on the same pool
+//! `recycle_on_growth(false)`, `--shards S` with `stream_shards(S)`. `--replays R` replays the trace `R` times on the same pool
 //! (what is live at the end of a replay is freed before the next), as a server running the
 //! same model again would; the figures are those of the last replay, peaks over all.
 
@@ -32,6 +32,7 @@ struct Args {
     max_size: Option<u64>,
     release_threshold: Option<u64>,
     streams: usize,
+    shards: usize,
     sync_every: usize,
     capacity: u64,
     recycle: bool,
@@ -40,7 +41,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
-[--release-threshold BYTES] [--streams N] [--sync-every K] [--capacity BYTES] [--no-recycle] \
+[--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
 [--replays R] [--json]";
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -63,6 +64,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         max_size: None,
         release_threshold: None,
         streams: 1,
+        shards: 1,
         sync_every: 0,
         capacity: 64 << 30,
         recycle: true,
@@ -84,6 +86,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 if a.streams == 0 {
                     return Err("--streams must be at least 1".into());
                 }
+            }
+            "--shards" => {
+                a.shards = value("--shards")?.parse().map_err(|e| format!("--shards: {e}"))?;
             }
             "--sync-every" => {
                 a.sync_every =
@@ -143,7 +148,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(v) = args.release_threshold {
         builder = builder.release_threshold(v);
     }
-    let pool = builder.recycle_on_growth(args.recycle).build(&dev)?;
+    let pool = builder.recycle_on_growth(args.recycle).stream_shards(args.shards).build(&dev)?;
     let sim = npu.sim_device(0)?;
     let n = streams.len();
     for _ in 1..args.replays {
@@ -254,12 +259,13 @@ fn print_report(
     println!("trace                 {} ({})", trace.name, args.trace.display());
     println!(
         "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, \
-         recycle on growth {}, {} stream(s), replay {} of {}",
+         recycle on growth {}, {} stream(s), {} shard(s), replay {} of {}",
         pool.alignment(),
         mib(pool.max_size()),
         mib(pool.get::<soma::attr::ReleaseThreshold>()?),
         if args.recycle { "on" } else { "off" },
         n,
+        args.shards,
         args.replays,
         args.replays
     );
@@ -317,13 +323,15 @@ mod tests {
                 "--no-recycle",
                 "--replays",
                 "3",
+                "--shards",
+                "2",
             ]
             .map(String::from)
             .into_iter(),
         )
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
-        assert_eq!((a.recycle, a.replays), (false, 3));
+        assert_eq!((a.recycle, a.replays, a.shards), (false, 3, 2));
         assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());
