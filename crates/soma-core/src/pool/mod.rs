@@ -309,7 +309,7 @@ impl MemPoolBuilder {
 
     /// Into how many shards the pool is split by stream (default 1: one engine and one lock
     /// for all streams). With `n > 1`, stream slot `s` allocates from shard `s % n`, each
-    /// shard with its own engine, lock and free ring over its own reserved address range, so
+    /// shard with its own engine and lock over its own reserved address range, so
     /// that streams driven from different threads do not wait for each other's allocations.
     /// Reuse still crosses shards: before any shard maps fresh memory, every shard's cached
     /// memory is tried under the same reuse rules, and a shard out of memory first releases

@@ -1,6 +1,8 @@
 //! Stream shards ([`MemPoolBuilder::stream_shards`](super::MemPoolBuilder::stream_shards)):
-//! one engine, lock and free ring per group of streams, so that streams allocating on
-//! different threads do not serialise on one lock.
+//! one engine and lock per group of streams, so that streams allocating on different
+//! threads do not serialise on one lock. Frees lock the block's shard (a sharded pool has no
+//! free ring: a ring is drained only when its shard is locked, so a free parked there would
+//! still count as used while other shards allocate).
 //!
 //! A sharded pool is a set of [`PoolCore`]s, each over its own reserved address range of
 //! the pool's full `max_size` (address space is cheap; physical memory is what is limited).
