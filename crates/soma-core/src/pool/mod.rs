@@ -431,25 +431,26 @@ impl MemPoolBuilder {
             max_size,
             granularity,
             settings,
-            budget,
             created: Instant::now(),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
         };
-        let core = self.create_core(device, &spec, 0)?;
+        let core = self.create_core(device, &spec, 0, budget.as_ref())?;
         crate::observe::trace_pool_created(core.id, max_size, threshold, self.alignment);
-        let shards = spec.budget.clone().map(|budget| {
-            Box::new(ShardSet {
-                shards: shards::Shards::new(budget, self.stream_shards),
-                builder: self,
-                spec,
-            })
-        });
+        let n = self.stream_shards;
+        let shards = budget.map(|budget| Box::new(shards::Shards::new(budget, n, self, spec)));
         Ok(MemPool { device, core, shards })
     }
 
-    /// Creates shard `shard` of a pool (the whole pool when it is not sharded): its engine,
-    /// its address range, its state; registered with the device for the release threshold.
-    fn create_core(&self, device: &Device, spec: &CoreSpec, shard: u8) -> Result<Arc<PoolCore>> {
+    /// Creates shard `shard` of a pool (the whole pool when it is not sharded, `budget`
+    /// `None`): its engine, its address range, its state; registered with the device for the
+    /// release threshold.
+    fn create_core(
+        &self,
+        device: &Device,
+        spec: &CoreSpec,
+        shard: u8,
+        budget: Option<&Arc<shards::Budget>>,
+    ) -> Result<Arc<PoolCore>> {
         let info = device.info();
         let (max_size, granularity) = (spec.max_size, spec.granularity);
         let threshold = spec.settings.release_threshold.load(Ordering::Relaxed);
@@ -502,7 +503,7 @@ impl MemPoolBuilder {
             id: spec.id,
             shard,
             settings: Arc::clone(&spec.settings),
-            budget: spec.budget.clone(),
+            budget: budget.cloned(),
             torn_down: AtomicBool::new(false),
             inner: Mutex::new(PoolInner {
                 engine,
@@ -528,7 +529,7 @@ impl MemPoolBuilder {
                 && !self.passthrough
                 && self.history == 0
                 && !annotate
-                && spec.budget.is_none())
+                && budget.is_none())
             .then(free_ring::FreeRing::new),
             sticky_hint: AtomicBool::new(false),
         });
@@ -553,16 +554,8 @@ struct CoreSpec {
     max_size: u64,
     granularity: u64,
     settings: Arc<Settings>,
-    budget: Option<Arc<shards::Budget>>,
     created: Instant,
     id: u64,
-}
-
-/// The shards of a sharded pool, with what it takes to create the ones not yet used.
-struct ShardSet {
-    shards: shards::Shards,
-    builder: MemPoolBuilder,
-    spec: CoreSpec,
 }
 
 pub(crate) struct PoolInner {
@@ -1054,14 +1047,11 @@ impl PoolCore {
         self.drain_passthrough(device, &mut inner);
         // A shard releases what the pool as a whole holds above the threshold (the device
         // calls every shard in turn).
-        let keep = match &self.budget {
-            Some(b) => match b.reserved().checked_sub(threshold) {
-                Some(excess) if excess > 0 => inner.engine.reserved().saturating_sub(excess),
-                _ => return,
-            },
-            None if inner.engine.reserved() <= threshold => return,
-            None => threshold,
-        };
+        let pool_reserved = self.budget.as_ref().map_or(inner.engine.reserved(), |b| b.reserved());
+        if pool_reserved <= threshold {
+            return;
+        }
+        let keep = self.keep_for(inner.engine.reserved(), threshold);
         let order = Order { device, requester: None, reuse: 0 };
         let (engine, mut backing) = inner.parts(self);
         match engine.release(keep, &order, &mut backing) {
@@ -1076,6 +1066,16 @@ impl PoolCore {
                 });
                 self.put_sticky(&mut inner, error);
             }
+        }
+    }
+
+    /// What this core keeps (the `keep` of [`Engine::release`]) so that the pool holds
+    /// `target` bytes: `target` itself when the pool is one core; a shard keeps its
+    /// `reserved` minus the pool's excess over `target`.
+    fn keep_for(&self, reserved: u64, target: u64) -> u64 {
+        match &self.budget {
+            Some(b) => reserved.saturating_sub(b.reserved().saturating_sub(target)),
+            None => target,
         }
     }
 
@@ -1158,6 +1158,19 @@ impl PoolCore {
         };
         let a = self.finish_allocate(device, bytes, stream, location, allocation)?;
         Ok(self.granted(&a))
+    }
+
+    /// One engine allocation in this core, growth included (the retries after the first).
+    #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose error this is")]
+    fn alloc_here(
+        &self,
+        bytes: u64,
+        stream: &Stream<'_>,
+        order: &Order<'_>,
+    ) -> std::result::Result<Allocation, AllocError> {
+        let mut inner = self.lock();
+        let (engine, mut backing) = inner.parts(self);
+        engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
     }
 
     fn granted(&self, a: &Allocation) -> Granted {
@@ -1259,9 +1272,7 @@ impl PoolCore {
             AllocError::OutOfMemory(_)
                 if !peers.is_empty() && self.release_peers(device, peers) > 0 =>
             {
-                let mut inner = self.lock();
-                let (engine, mut backing) = inner.parts(self);
-                match engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing) {
+                match self.alloc_here(bytes, stream, order) {
                     Ok(a) => return Ok(Ok(a)),
                     Err(e) => e,
                 }
@@ -1298,11 +1309,7 @@ impl PoolCore {
                         }
                         self.release_peers(device, peers);
                     }
-                    let mut inner = self.lock();
-                    let (engine, mut backing) = inner.parts(self);
-                    engine
-                        .alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
-                        .map_err(|e| (e, true))
+                    self.alloc_here(bytes, stream, order).map_err(|e| (e, true))
                 }
             }
             other => Err((other, false)),
@@ -1536,7 +1543,7 @@ pub struct MemPool<'d> {
     device: &'d Device,
     /// Shard 0: the whole pool unless it is sharded.
     core: Arc<PoolCore>,
-    shards: Option<Box<ShardSet>>,
+    shards: Option<Box<shards::Shards>>,
 }
 
 impl<'d> MemPool<'d> {
@@ -1747,12 +1754,7 @@ impl<'d> MemPool<'d> {
         for core in self.cores() {
             let mut inner = core.lock();
             core.drain_passthrough(&self.device.shared, &mut inner);
-            let keep = match &core.budget {
-                Some(b) => {
-                    inner.engine.reserved().saturating_sub(b.reserved().saturating_sub(bytes))
-                }
-                None => bytes,
-            };
+            let keep = core.keep_for(inner.engine.reserved(), bytes);
             let (engine, mut backing) = inner.parts(core);
             let released = engine.release(keep, &order, &mut backing).map_err(|e| {
                 Error::Driver(crate::hal::DriverError::Native {
@@ -1812,7 +1814,7 @@ impl<'d> MemPool<'d> {
             oom_retries += inner.oom_retries;
             ooms += inner.ooms;
         }
-        let c = set.shards.budget.counters();
+        let c = set.budget.counters();
         sum.used = c.used;
         sum.used_high = c.used_high;
         sum.reserved = c.reserved;
@@ -1923,9 +1925,8 @@ impl<'d> MemPool<'d> {
     /// tests that check which path frees and allocations took.
     #[doc(hidden)]
     pub fn free_ring_tickets(&self) -> Option<(u64, u64)> {
-        self.core.free_ring.as_ref()?;
-        let rings = self.cores().filter_map(|c| c.free_ring.as_ref());
-        Some(rings.fold((0, 0), |(p, c), r| (p + r.produced(), c + r.consumed())))
+        // A sharded pool has no ring (see `create_core`): shard 0's is the only one.
+        self.core.free_ring.as_ref().map(|r| (r.produced(), r.consumed()))
     }
 
     /// Shard 0: the whole pool unless it is sharded.
@@ -1935,21 +1936,19 @@ impl<'d> MemPool<'d> {
 
     /// The pool-wide counters of a sharded pool (`None`: one shard, the engine keeps them).
     pub(crate) fn budget(&self) -> Option<&shards::Budget> {
-        self.shards.as_ref().map(|s| &*s.shards.budget)
+        self.shards.as_ref().map(|s| &*s.budget)
     }
 
     /// The shards created so far, shard 0 first.
     pub(crate) fn cores(&self) -> impl Iterator<Item = &PoolCore> {
-        let more = self.shards.iter().flat_map(|s| s.shards.more.iter());
+        let more = self.shards.iter().flat_map(|s| s.more.iter());
         std::iter::once(&*self.core).chain(more.filter_map(|c| c.get().and_then(Option::as_deref)))
     }
 
     /// Shard `shard` (shard 0 for an index that names no created shard).
     pub(crate) fn core_at(&self, shard: u8) -> &PoolCore {
-        let more = self
-            .shards
-            .as_ref()
-            .and_then(|s| s.shards.more.get(usize::from(shard).checked_sub(1)?));
+        let more =
+            self.shards.as_ref().and_then(|s| s.more.get(usize::from(shard).checked_sub(1)?));
         more.and_then(|c| c.get()).and_then(Option::as_deref).unwrap_or(&self.core)
     }
 
@@ -1957,12 +1956,13 @@ impl<'d> MemPool<'d> {
     /// reserved) on first use; shard 0 when that fails.
     fn home(&self, stream: &Stream<'_>) -> &PoolCore {
         let Some(set) = &self.shards else { return &self.core };
-        let i = stream.slot() as usize % set.shards.count();
-        let Some(cell) = i.checked_sub(1).and_then(|j| set.shards.more.get(j)) else {
+        let i = stream.slot() as usize % set.count();
+        let Some(cell) = i.checked_sub(1).and_then(|j| set.more.get(j)) else {
             return &self.core;
         };
-        let created =
-            cell.get_or_init(|| set.builder.create_core(self.device, &set.spec, i as u8).ok());
+        let created = cell.get_or_init(|| {
+            set.builder.create_core(self.device, &set.spec, i as u8, Some(&set.budget)).ok()
+        });
         created.as_deref().unwrap_or(&self.core)
     }
 
@@ -1980,7 +1980,8 @@ impl<'d> MemPool<'d> {
         if self.shards.is_none() {
             return home.allocate(device, bytes, stream, location, on_oom, &[]);
         }
-        let peers: smallvec::SmallVec<[&PoolCore; 8]> =
+        // Inline for every possible shard count: no heap allocation per allocation.
+        let peers: smallvec::SmallVec<[&PoolCore; MAX_STREAM_SHARDS]> =
             self.cores().filter(|c| !std::ptr::eq(*c, home)).collect();
         home.allocate(device, bytes, stream, location, on_oom, &peers)
     }

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::PoolCore;
+use super::{CoreSpec, MemPoolBuilder, PoolCore};
 
 /// The pool-wide accounting shared by the shards of a sharded pool.
 #[derive(Debug)]
@@ -134,17 +134,25 @@ pub(crate) struct BudgetCounters {
     pub(crate) live_high: u64,
 }
 
-/// The shards after the first (which is the pool's own core): created on first use, each
-/// with its own address range; `None` when that range could not be reserved (its streams
-/// then use shard 0).
+/// What a sharded pool has beyond its first shard (the pool's own core): the pool-wide
+/// budget, the other shards — created on first use, each with its own address range; `None`
+/// when that range could not be reserved (its streams then use shard 0) — and what it takes
+/// to create them.
 pub(crate) struct Shards {
     pub(crate) budget: Arc<Budget>,
     pub(crate) more: Box<[OnceLock<Option<Arc<PoolCore>>>]>,
+    pub(crate) builder: MemPoolBuilder,
+    pub(crate) spec: CoreSpec,
 }
 
 impl Shards {
-    pub(crate) fn new(budget: Arc<Budget>, n: usize) -> Shards {
-        Shards { budget, more: (1..n).map(|_| OnceLock::new()).collect() }
+    pub(crate) fn new(
+        budget: Arc<Budget>,
+        n: usize,
+        builder: MemPoolBuilder,
+        spec: CoreSpec,
+    ) -> Shards {
+        Shards { budget, more: (1..n).map(|_| OnceLock::new()).collect(), builder, spec }
     }
 
     /// The number of shards, the first included.
