@@ -1,5 +1,6 @@
-//! Replays the real PyTorch allocator traces of `/work/shared/traces` (or `$SOMA_TRACES`)
-//! through the engine on one stream and reports peak reserved / peak used.
+//! Replays the real PyTorch allocator traces of `../shared/traces` next to the workspace (or
+//! `$SOMA_TRACES`), plain or gzipped, through the engine on one stream and reports peak
+//! reserved / peak used.
 //!
 //! Run with `cargo test -p soma-core --lib trace_fragmentation -- --nocapture` to see the
 //! table. A missing directory skips the test with a printed reason.
@@ -15,13 +16,15 @@ use super::*;
 use crate::engine::{Engine, EngineConfig, EngineStats, FreeTag};
 
 fn trace_dir() -> PathBuf {
-    std::env::var_os("SOMA_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/traces"))
+    std::env::var_os("SOMA_TRACES").map(PathBuf::from).unwrap_or_else(|| {
+        // crates/soma-core -> the workspace root -> its sibling `shared/traces`
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces")
+    })
 }
 
-/// The `*.csv` traces of [`trace_dir`], sorted; `None` (after printing why the test is
-/// skipped) when the directory is absent or holds none.
+/// The `*.csv` and `*.csv.gz` traces of [`trace_dir`], sorted (a trace present in both forms
+/// once); `None` (after printing why the test is skipped) when the directory is absent or
+/// holds none.
 fn trace_paths() -> Option<Vec<PathBuf>> {
     let dir = trace_dir();
     let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -30,14 +33,35 @@ fn trace_paths() -> Option<Vec<PathBuf>> {
     };
     let mut paths: Vec<_> = rd
         .filter_map(|d| d.ok().map(|d| d.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.ends_with(".csv") || name.ends_with(".csv.gz")
+        })
         .collect();
     paths.sort();
+    let plain: Vec<PathBuf> = paths.iter().filter(|p| !is_gzip(p)).cloned().collect();
+    paths.retain(|p| !is_gzip(p) || !plain.contains(&p.with_extension("")));
     if paths.is_empty() {
         println!("skipped: no *.csv trace in {}", dir.display());
         return None;
     }
     Some(paths)
+}
+
+fn is_gzip(p: &std::path::Path) -> bool {
+    p.extension().is_some_and(|x| x == "gz")
+}
+
+/// The text of trace file `p`, gunzipped when it ends in `.gz`.
+fn read_trace(p: &std::path::Path) -> String {
+    let raw = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    if !is_gzip(p) {
+        return String::from_utf8(raw).expect("a trace is UTF-8");
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&raw[..]), &mut text)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    text
 }
 
 /// One trace event: `Some(bytes)` allocates id, `None` frees it.
@@ -122,7 +146,7 @@ fn trace_fragmentation() {
         "unmaps"
     );
     for p in &paths {
-        let text = std::fs::read_to_string(p).unwrap();
+        let text = read_trace(p);
         let events = parse(&text).unwrap();
         // (frees complete for recycling, segment cap)
         for (complete, seg) in [(true, 0), (false, 0), (true, G)] {
@@ -143,22 +167,37 @@ fn trace_fragmentation() {
                 (records * std::mem::size_of::<crate::engine::block::Block>()) as f64
                     / s.live_blocks_high as f64
             );
-            // Regression guards: with completion known, the default policy stays ≤ 1.05;
-            // without it nothing can be recycled on one stream.
-            let limit = if complete { 1.05 } else { 1.10 };
+            let name = p.file_name().unwrap().to_string_lossy();
+            let limit = if complete { 1.05 } else { never_unmapping_limit(&name) };
             assert!(ratio <= limit, "fragmentation regression: {ratio}");
         }
     }
 }
 
+/// The regression guard on peak reserved / peak used when nothing freed can be unmapped
+/// (frees not complete, or no recycling): what a pool that never unmaps reaches. The shared
+/// traces as measured (BERT 1.084) plus 0.01; other traces 1.30 (against gross regressions:
+/// a RoBERTa trace of varying batch shapes gives 1.13, the pure offset allocators 1.26).
+/// With completion known and recycling on, every trace must meet the 1.05 target.
+fn never_unmapping_limit(trace: &str) -> f64 {
+    let measured = match trace.trim_end_matches(".gz").trim_end_matches(".csv") {
+        "bert_base_infer" => 1.084,
+        "gpt2_small_infer" => 1.006,
+        "gpt2_small_train" => 1.018,
+        "llama_tinyllama_infer" => 1.002,
+        _ => return 1.30,
+    };
+    measured + 0.01
+}
+
 /// Without recycling on growth, a workload replayed again on the same engine (an inference
 /// server serving the same model) converges: by the third replay nothing is mapped, and
-/// peak reserved stays within what never unmapping costs on these traces (≤ 1.10).
+/// peak reserved stays within what never unmapping costs ([`never_unmapping_limit`]).
 #[test]
 fn trace_replayed_without_recycling_makes_no_driver_calls() {
     let Some(paths) = trace_paths() else { return };
     for p in &paths {
-        let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let events = parse(&read_trace(p)).unwrap();
         let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
         e.set_recycle_on_growth(false);
         let mut b = FakeBacking::new();
@@ -192,7 +231,7 @@ fn trace_replayed_without_recycling_makes_no_driver_calls() {
         assert_eq!(s.unmap_calls, 0, "{name}: growth never unmaps");
         assert_eq!(maps[2], 0, "{name}: the third replay is served from cache");
         let ratio = s.reserved_high as f64 / s.used_high as f64;
-        assert!(ratio <= 1.10, "{name}: {ratio}");
+        assert!(ratio <= never_unmapping_limit(&name), "{name}: {ratio}");
         e.check_invariants().unwrap();
     }
 }
@@ -205,7 +244,7 @@ fn trace_replayed_without_recycling_makes_no_driver_calls() {
 fn trace_fragmentation_two_streams() {
     let Some(paths) = trace_paths() else { return };
     for p in &paths {
-        let events = parse(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let events = parse(&read_trace(p)).unwrap();
         for cross in [false, true] {
             let mut e = Engine::new(EngineConfig {
                 range_size: 64 << 30,
@@ -245,5 +284,53 @@ fn trace_fragmentation_two_streams() {
                 st.reuses
             );
         }
+    }
+}
+
+/// Peak reserved / peak used and map / unmap calls per trace for the default (adaptive)
+/// segments per growth and for fixed counts (`SOMA_SEGMENTS`, comma-separated, 0 = default;
+/// default `0,4,8,16`): the measurement behind `growth::MAX_SPLIT_BOOST`. Run with
+/// `--ignored --nocapture`.
+#[test]
+#[ignore = "measurement"]
+fn trace_fragmentation_by_segments_per_growth() {
+    let Some(paths) = trace_paths() else { return };
+    let counts: Vec<u64> = std::env::var("SOMA_SEGMENTS")
+        .unwrap_or_else(|_| "0,4,8,16".into())
+        .split(',')
+        .map(|v| v.trim().parse().expect("SOMA_SEGMENTS: comma-separated counts"))
+        .collect();
+    for p in &paths {
+        let events = parse(&read_trace(p)).unwrap();
+        let mut line = format!("{:<32}", p.file_name().unwrap().to_string_lossy());
+        for &n in &counts {
+            let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
+            if n > 0 {
+                e.set_segments_per_growth(n);
+            }
+            let mut b = FakeBacking::new();
+            let o = TestOrder { all_complete: true, ..TestOrder::default() };
+            let mut live = HashMap::new();
+            for (pos, &(id, op)) in events.iter().enumerate() {
+                match op {
+                    Some(bytes) => {
+                        live.insert(id, e.alloc(bytes, 512, 0, &o, &mut b).unwrap());
+                    }
+                    None => {
+                        let a = live.remove(&id).unwrap();
+                        e.free(a.block, FreeTag { stream: 0, pos: pos as u64 }).unwrap();
+                    }
+                }
+            }
+            let s = e.stats();
+            let name = if n == 0 { "auto".to_string() } else { n.to_string() };
+            line += &format!(
+                "  {name:>4}: {:.4} {:>5}/{:<5}",
+                s.reserved_high as f64 / s.used_high as f64,
+                s.map_calls,
+                s.unmap_calls
+            );
+        }
+        println!("{line}");
     }
 }

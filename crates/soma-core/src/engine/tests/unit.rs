@@ -993,3 +993,52 @@ proptest::proptest! {
         engines[0].check_invariants().unwrap();
     }
 }
+
+/// A 32 MiB block (four 8 MiB segments) is freed behind a live separator and a 1 MiB block
+/// lands at its start: 30 MiB of whole granules are free, but only 24 MiB in whole segments.
+/// Then a 40 MiB request grows beyond the high and recycling comes up short. Returns the
+/// engine after that growth.
+fn recycling_short_of_whole_segments(e: &mut Engine, o: &TestOrder) -> FakeBacking {
+    let mut b = FakeBacking::new();
+    let a = alloc(e, &mut b, o, 32 * MIB, 0);
+    assert_eq!(b.maps, 4, "a growth of 32 MiB is four segments");
+    let _separator = alloc(e, &mut b, o, 2 * MIB, 0);
+    free(e, &a, 0, 1);
+    let p = alloc(e, &mut b, o, MIB, 0);
+    assert_eq!(p.offset, 0, "best fit puts the small block at the freed block's start");
+    alloc(e, &mut b, o, 40 * MIB, 0);
+    b
+}
+
+#[test]
+fn recycling_short_of_whole_segments_refines_later_growths() {
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut adaptive = engine(1 << 30);
+    let mut fixed = engine(1 << 30);
+    fixed.set_segments_per_growth(4);
+    let (mut maps_of_next_growth, mut boosts) = (Vec::new(), Vec::new());
+    for e in [&mut adaptive, &mut fixed] {
+        let mut b = recycling_short_of_whole_segments(e, &o);
+        // The three whole free segments were recycled; the partly live one could not be.
+        assert_eq!(e.stats().unmap_calls, 3);
+        boosts.push(e.split_boost);
+        let before = b.maps;
+        alloc(e, &mut b, &o, 64 * MIB, 0);
+        maps_of_next_growth.push(b.maps - before);
+    }
+    assert_eq!(boosts, [1, 0], "one shortfall doubles the segments per growth, unless fixed");
+    assert!(
+        maps_of_next_growth[0] > maps_of_next_growth[1],
+        "finer segments after the shortfall: {maps_of_next_growth:?}"
+    );
+}
+
+#[test]
+fn frees_not_complete_do_not_refine_segments() {
+    // Nothing freed can be recycled: finer segments would not have helped.
+    let o = TestOrder::default();
+    let mut e = engine(1 << 30);
+    recycling_short_of_whole_segments(&mut e, &o);
+    assert_eq!(e.stats().unmap_calls, 0);
+    assert_eq!(e.split_boost, 0);
+}
