@@ -4,9 +4,10 @@
 //!
 //! Time: one criterion iteration = one whole replay on a fresh allocator; the time reported
 //! is divided by the trace's number of ops (ns per op). Ids: `trace/<allocator>/<trace>`.
-//! Memory: one more replay per allocator writes `<target>/soma-bench/traces.json` with peak
-//! reserved (defined per allocator in `soma_tools::baselines`), the trace's peak live
-//! requested bytes, soma's own peak used (rounded sizes) and driver map / unmap calls.
+//! Memory: one more replay per allocator writes `<target>/soma-bench/traces.json` (or
+//! `$SOMA_TRACES_JSON.json`) with peak reserved (defined per allocator in
+//! `soma_tools::baselines`), the trace's peak live requested bytes, soma's own peak used
+//! (rounded sizes) and driver map / unmap calls.
 //! Allocators: the baselines, `soma` and `soma-engine`, and their variants without
 //! recycling on growth, `soma-retain` (a pool built with `recycle_on_growth(false)`) and
 //! `soma-engine-retain`. Unlike `random_allocations` (RMM's warm methodology), every replay
@@ -167,7 +168,10 @@ fn traces(c: &mut Criterion) {
         bench(&mut g, "driver", &t, || DriverPath::new(&**dev.hal(), dev.info().granularity));
     }
     g.finish();
-    common::write_json("traces", &format!("[{}]\n", out.join(",\n")));
+    // `$SOMA_TRACES_JSON` names the file (without `.json`) for a second set of traces, so
+    // that it does not overwrite the shared traces' figures.
+    let name = std::env::var("SOMA_TRACES_JSON").unwrap_or_else(|_| "traces".into());
+    common::write_json(&name, &format!("[{}]\n", out.join(",\n")));
 }
 
 fn config() -> Criterion {

@@ -168,6 +168,55 @@ def run_replays(target):
         json.dump(rows, f)
 
 
+def trace_memory(w, traces):
+    """The peak reserved / fragmentation table of a traces.json, with the target verdicts."""
+    w("| trace | peak live MiB | " + " | ".join(f"`{a}`" for a in ALLOCATORS) +
+      " | soma own | soma maps / unmaps | soma-retain maps / unmaps |")
+    w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|---:|")
+    frag_ok = True
+    never_worse = True
+    notes = []
+    retain = []
+    for t in traces:
+        peak = t["peak_live_requested"]
+        al = t["allocators"]
+        cells_ = []
+        fr = {}
+        for a in ALLOCATORS:
+            if a in al:
+                r = al[a]["peak_reserved"]
+                fr[a] = r / peak
+                cells_.append(f"{r / MIB:.0f} ({fr[a]:.3f})")
+            else:
+                cells_.append("—")
+        s = al.get("soma", {})
+        sr = al.get("soma-retain", {})
+        own = s.get("own_fragmentation")
+        w(f"| {t['trace']} | {peak / MIB:.0f} | " + " | ".join(cells_) +
+          f" | {'—' if own is None else f'{own:.3f}'} | {s.get('map_calls', '—')} / "
+          f"{s.get('unmap_calls', '—')} | {sr.get('map_calls', '—')} / "
+          f"{sr.get('unmap_calls', '—')} |")
+        if "soma-retain" in fr:
+            retain.append((t["trace"], fr["soma-retain"]))
+        if fr.get("soma", 9) > 1.05:
+            frag_ok = False
+        better = [b for b in BASELINES + ["driver"] if b in fr and fr[b] < fr.get("soma", 0)]
+        if better:
+            never_worse = False
+            notes.append(f"{t['trace']}: " + ", ".join(
+                f"{b} {fr[b]:.3f} vs soma {fr['soma']:.3f}" for b in better))
+    w("")
+    w(f"- Target: fragmentation ≤ 1.05 on every trace with default settings — "
+      f"{verdict(frag_ok)}.")
+    w(f"- Target: never worse than any baseline — {verdict(never_worse)}" +
+      (" (" + "; ".join(notes) + ")." if notes else "."))
+    if retain:
+        worst = max(retain, key=lambda x: x[1])
+        w(f"- Without recycling on growth (`soma-retain`, `soma-engine-retain`): "
+          f"fragmentation at most {worst[1]:.3f} ({worst[0]}); the 1.05 target is for the "
+          "default settings.")
+
+
 def section(target, crit, cmd_note):
     L = []
     w = L.append
@@ -394,54 +443,21 @@ def section(target, crit, cmd_note):
           "`PoolStats::fragmentation()` = reserved_high / used_high (used in 512 B-rounded "
           "sizes).")
         w("")
-        w("| trace | peak live MiB | " + " | ".join(f"`{a}`" for a in ALLOCATORS) +
-          " | soma own | soma maps / unmaps | soma-retain maps / unmaps |")
-        w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|---:|")
-        frag_ok = True
-        never_worse = True
-        notes = []
-        retain = []
-        for t in traces:
-            peak = t["peak_live_requested"]
-            al = t["allocators"]
-            cells_ = []
-            fr = {}
-            for a in ALLOCATORS:
-                if a in al:
-                    r = al[a]["peak_reserved"]
-                    fr[a] = r / peak
-                    cells_.append(f"{r / MIB:.0f} ({fr[a]:.3f})")
-                else:
-                    cells_.append("—")
-            s = al.get("soma", {})
-            sr = al.get("soma-retain", {})
-            own = s.get("own_fragmentation")
-            w(f"| {t['trace']} | {peak / MIB:.0f} | " + " | ".join(cells_) +
-              f" | {'—' if own is None else f'{own:.3f}'} | {s.get('map_calls', '—')} / "
-              f"{s.get('unmap_calls', '—')} | {sr.get('map_calls', '—')} / "
-              f"{sr.get('unmap_calls', '—')} |")
-            if "soma-retain" in fr:
-                retain.append((t["trace"], fr["soma-retain"]))
-            if fr.get("soma", 9) > 1.05:
-                frag_ok = False
-            better = [b for b in BASELINES + ["driver"] if b in fr and fr[b] < fr.get("soma", 0)]
-            if better:
-                never_worse = False
-                notes.append(f"{t['trace']}: " + ", ".join(
-                    f"{b} {fr[b]:.3f} vs soma {fr['soma']:.3f}" for b in better))
-        w("")
-        w(f"- Target: fragmentation ≤ 1.05 on every trace with default settings — "
-          f"{verdict(frag_ok)}.")
-        w(f"- Target: never worse than any baseline — {verdict(never_worse)}" +
-          (" (" + "; ".join(notes) + ")." if notes else "."))
-        if retain:
-            worst = max(retain, key=lambda x: x[1])
-            w(f"- Without recycling on growth (`soma-retain`, `soma-engine-retain`): "
-              f"fragmentation at most {worst[1]:.3f} ({worst[0]}); the 1.05 target is for the "
-              "default settings.")
+        trace_memory(w, traces)
         w("- The pure offset allocators never unmap: their peak is the high-water mark of the "
           "address they carved; soma maps granules on demand and recycles free segments "
           "(`soma maps / unmaps` are its driver calls; `soma-retain` never unmaps on growth).")
+    extra = load_json(target, "traces-extra")
+    if extra:
+        w("")
+        w("More traces, recorded with the shared traces' own tool and the recipes in "
+          "`scripts/extra_trace_recipes.py` (not in the repository: regenerate them with the "
+          "command in that file), replayed the same way — what a model the four shared traces "
+          "do not cover would see. Written to `traces-extra.json` by "
+          "`SOMA_TRACES=DIR SOMA_TRACES_JSON=traces-extra cargo bench --bench traces`; "
+          "memory only (deterministic):")
+        w("")
+        trace_memory(w, extra)
     rp = load_json(target, "replay")
     if rp:
         w("")
