@@ -82,11 +82,12 @@
 //!
 //! The 4 adapts: when recycling falls short of the excess while the recyclable free blocks
 //! hold more whole granules than it found in whole segments — free memory in segments that
-//! live blocks still touch — later growths use twice as many segments, up to 16
-//! (`growth::MAX_SPLIT_BOOST`). Workloads whose recycling never falls short keep four and
-//! their map calls; on a GPT-2 request stream whose attention temporaries interleave with a
-//! growing KV cache four fixed gave 1.081, adaptive 1.023 (BERT: 1.033 -> 1.008).
-//! [`Engine::set_segments_per_growth`] fixes the count instead.
+//! live blocks still touch — and the growth leaves more than 1/64 of the live bytes mapped
+//! beyond them, later growths use twice as many segments, up to 16
+//! (`growth::MAX_SPLIT_BOOST`, `growth::REFINE_ABOVE`). Workloads whose recycling never falls
+//! short keep four and their map calls; on a GPT-2 request stream whose attention
+//! temporaries interleave with a growing KV cache four fixed gave 1.081, adaptive 1.023
+//! (BERT: 1.033 -> 1.008). [`Engine::set_segments_per_growth`] fixes the count instead.
 //!
 //! **Recycling.** When a growth would raise `reserved` above its all-time high, the engine
 //! first unmaps fully free segments elsewhere whose free blocks are untagged or complete per

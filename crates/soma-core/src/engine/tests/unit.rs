@@ -996,18 +996,16 @@ proptest::proptest! {
 
 /// A 32 MiB block (four 8 MiB segments) is freed behind a live separator and a 1 MiB block
 /// lands at its start: 30 MiB of whole granules are free, but only 24 MiB in whole segments.
-/// Then a 40 MiB request grows beyond the high and recycling comes up short. Returns the
-/// engine after that growth.
-fn recycling_short_of_whole_segments(e: &mut Engine, o: &TestOrder) -> FakeBacking {
-    let mut b = FakeBacking::new();
-    let a = alloc(e, &mut b, o, 32 * MIB, 0);
-    assert_eq!(b.maps, 4, "a growth of 32 MiB is four segments");
-    let _separator = alloc(e, &mut b, o, 2 * MIB, 0);
+/// Then a 40 MiB request grows beyond the high and recycling comes up short.
+fn recycling_short_of_whole_segments(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
+    let maps = b.maps;
+    let a = alloc(e, b, o, 32 * MIB, 0);
+    assert_eq!(b.maps - maps, 4, "a growth of 32 MiB is four segments");
+    let _separator = alloc(e, b, o, 2 * MIB, 0);
     free(e, &a, 0, 1);
-    let p = alloc(e, &mut b, o, MIB, 0);
-    assert_eq!(p.offset, 0, "best fit puts the small block at the freed block's start");
-    alloc(e, &mut b, o, 40 * MIB, 0);
-    b
+    let p = alloc(e, b, o, MIB, 0);
+    assert_eq!(p.offset, a.offset, "best fit puts the small block at the freed block's start");
+    alloc(e, b, o, 40 * MIB, 0);
 }
 
 #[test]
@@ -1018,7 +1016,8 @@ fn recycling_short_of_whole_segments_refines_later_growths() {
     fixed.set_segments_per_growth(4);
     let (mut maps_of_next_growth, mut boosts) = (Vec::new(), Vec::new());
     for e in [&mut adaptive, &mut fixed] {
-        let mut b = recycling_short_of_whole_segments(e, &o);
+        let mut b = FakeBacking::new();
+        recycling_short_of_whole_segments(e, &mut b, &o);
         // The three whole free segments were recycled; the partly live one could not be.
         assert_eq!(e.stats().unmap_calls, 3);
         boosts.push(e.split_boost);
@@ -1038,7 +1037,20 @@ fn frees_not_complete_do_not_refine_segments() {
     // Nothing freed can be recycled: finer segments would not have helped.
     let o = TestOrder::default();
     let mut e = engine(1 << 30);
-    recycling_short_of_whole_segments(&mut e, &o);
+    recycling_short_of_whole_segments(&mut e, &mut FakeBacking::new(), &o);
     assert_eq!(e.stats().unmap_calls, 0);
+    assert_eq!(e.split_boost, 0);
+}
+
+#[test]
+fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
+    // The same shortfall, next to 2 GiB of live memory: what the growth leaves mapped
+    // beyond the live bytes is below 1/64 of them.
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(8 << 30);
+    let mut b = FakeBacking::new();
+    alloc(&mut e, &mut b, &o, 2 << 30, 0);
+    recycling_short_of_whole_segments(&mut e, &mut b, &o);
+    assert_eq!(e.stats().unmap_calls, 3, "recycling fell short as before");
     assert_eq!(e.split_boost, 0);
 }
