@@ -29,16 +29,15 @@ pub(super) const SEGMENTS_PER_GROWTH: u64 = 4;
 /// with retiring rows, a GPT-2 request stream of varying prompts, beam search, training with
 /// varying lengths, T5, ViT, RoBERTa, BERT-large), peak reserved / peak used: 4 fixed up to
 /// 1.081 (the request stream, whose 32 MiB attention temporaries interleave with a growing
-/// KV cache), BERT 1.033; adaptive at most 1.033 (beam search; 1.030 with 4 fixed), the
-/// request stream 1.023, BERT 1.008 (1.7x its map calls), the traces without shortfalls
-/// unchanged; 16 fixed about the same peaks but 1.2-1.6x the map calls on those (LLaMA
+/// KV cache), BERT 1.033; adaptive at most 1.024 (Mistral, as with 4 fixed), the request
+/// stream 1.023, BERT 1.008 (1.7x its map calls), the traces without shortfalls unchanged; 16 fixed about the same peaks but 1.2-1.6x the map calls on those (LLaMA
 /// weights: 628 -> 1005).
 pub(super) const MAX_SPLIT_BOOST: u32 = 2;
 
 /// Segments are refined (see [`MAX_SPLIT_BOOST`]) only when the growth leaves more than
 /// `1 / REFINE_ABOVE` of the live bytes mapped beyond them: finer segments cost map calls,
 /// and a pool that close to its live bytes gains little from them. Measured on the 17 traces:
-/// 64 gives the same worst peak as always refining (1.033) with up to 35 % fewer map calls
+/// 64 gives the same worst peak as always refining with up to 35 % fewer map calls
 /// (BERT-large 2838 -> 1847, GPT-2 training 1622 -> 1284); 32 let a RoBERTa trace reach 1.042
 /// and 16 the GPT-2 request stream 1.066.
 pub(super) const REFINE_ABOVE: u64 = 64;
@@ -84,8 +83,8 @@ struct Plan {
 struct Recycled {
     /// Bytes unmapped.
     bytes: u64,
-    /// The recyclable free blocks held enough whole granules for the request, but not in
-    /// whole segments: finer segments would have let recycling cover it.
+    /// Recycling fell short, and the recyclable free blocks outside the growth held more
+    /// whole granules than whole segments: finer segments would have given back more.
     too_coarse: bool,
 }
 
@@ -115,7 +114,7 @@ impl Engine {
             // blocks still touch: map later growths in finer segments (`MAX_SPLIT_BOOST`) —
             // when what this growth leaves mapped beyond the live bytes is worth it.
             let (reserved, live) = (self.stats.reserved + plan.map_len, self.stats.used + size);
-            if reserved - live.min(reserved) > live / REFINE_ABOVE {
+            if reserved.saturating_sub(live) > live / REFINE_ABOVE {
                 self.split_boost = (self.split_boost + 1).min(MAX_SPLIT_BOOST);
             }
         }
@@ -371,9 +370,8 @@ impl Engine {
         order: &dyn StreamOrder,
         backing: &mut dyn Backing,
     ) -> Recycled {
-        let nothing = Recycled { bytes: 0, too_coarse: false };
         if need == 0 || self.segments.is_empty() {
-            return nothing;
+            return Recycled { bytes: 0, too_coarse: false };
         }
         let mut cands = std::mem::take(&mut self.scratch);
         cands.clear();
@@ -386,7 +384,8 @@ impl Engine {
         let mut next_cls = class_index(g >> self.unit_shift).saturating_sub(1);
         let mut last_cls = usize::MAX;
         let mut found = 0;
-        // Whole granules in the recyclable free blocks seen (finer segments could free these).
+        // Whole granules in the recyclable free blocks seen outside `protect` (the growth's
+        // own base block): what finer segments could have given back.
         let mut granules_free = 0;
         while let Some(cls) = self
             .indexes
@@ -407,7 +406,9 @@ impl Engine {
                     // without an aligned granule holds none.
                     let (lo, hi) = (align_up(b.offset, g), align_down(b.end(), g));
                     if lo + g <= hi && recyclable_for(b, stream, order) {
-                        granules_free += hi - lo;
+                        if hi <= protect.0 || lo >= protect.1 {
+                            granules_free += hi - lo;
+                        }
                         // Inside mapped memory consecutive boundaries delimit one segment.
                         let mut start = None;
                         self.bounds.for_each_in(lo / g, hi / g, |i| {
@@ -442,8 +443,8 @@ impl Engine {
         // Highest first: splitting a free block keeps the record of its lower part, so the
         // covering records of lower segments stay valid.
         chosen.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
-        // The lists were scanned to the end without covering `need` although the free
-        // granules would have.
+        // Short of `need` (so every list was scanned) with free granules left in partly
+        // live segments.
         let too_coarse = found < need && granules_free > found;
         let mut unmapped = 0;
         for &(off, len, first) in &chosen {

@@ -1054,3 +1054,19 @@ fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
     assert_eq!(e.stats().unmap_calls, 3, "recycling fell short as before");
     assert_eq!(e.split_boost, 0);
 }
+
+#[test]
+fn the_free_block_a_growth_extends_does_not_refine_segments() {
+    // The only free granules are in the block the 40 MiB request extends into the hole
+    // above it: recycling must not touch them, and finer segments would not change that.
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(1 << 30);
+    let mut b = FakeBacking::new();
+    let a = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
+    free(&mut e, &a, 0, 1);
+    alloc(&mut e, &mut b, &o, MIB, 0);
+    let big = alloc(&mut e, &mut b, &o, 40 * MIB, 0);
+    assert_eq!(big.offset, MIB, "the free block was extended");
+    assert_eq!(e.stats().unmap_calls, 0);
+    assert_eq!(e.split_boost, 0);
+}
