@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The directory holding `libascendcl.so`, found next to this test binary (TOOLING §8).
+/// The directory holding `libascendcl.so`, found next to this test binary (TOOLING §8). The
+/// examples run with `LD_LIBRARY_PATH` set to it: cargo's own `LD_LIBRARY_PATH` for tests
+/// lists `target/debug` too, whose copy of the library a `cargo build` left there may be
+/// stale, and it takes precedence over the examples' runpath.
 fn cdylib_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("SOMA_CAPI_LIB_DIR") {
         return PathBuf::from(p);
@@ -66,10 +69,16 @@ fn c_examples_compile_link_and_pass() {
             .status()
             .expect("run the C compiler");
         assert!(status.success(), "{name}: compilation failed");
+        // trace_replay reads the shared traces next to the workspace (or `$SOMA_TRACES`);
+        // those larger than the 4 GiB device are skipped with a printed reason.
+        let traces = std::env::var_os("SOMA_TRACES")
+            .map_or_else(|| root.join("../shared/traces"), PathBuf::from);
         let run = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", &lib)
             .env_remove("SOMA_SIM_PRODUCT")
             .env_remove("SOMA_SIM_DEVICES")
             .env("SOMA_SIM_CAPACITY", "4G")
+            .env("SOMA_TRACES", traces)
             .output()
             .expect("run the example");
         let stdout = String::from_utf8_lossy(&run.stdout);
@@ -111,6 +120,7 @@ fn pool_examples_fail_cleanly_off_atlas_a2() {
         .expect("run the C compiler");
     assert!(status.success());
     let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
         .env("SOMA_SIM_PRODUCT", "atlas-300i-duo")
         .env("SOMA_SIM_CAPACITY", "4G")
         .output()
