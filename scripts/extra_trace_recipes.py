@@ -4,9 +4,10 @@ data and stay out of the repository).
 
 Each recipe runs a real `transformers` model with random weights on CPU and records every
 allocation and free of PyTorch's allocator, in the format of `../shared/traces/README.md`:
-batched decode with retiring rows (GPT-2, LLaMA, Mistral), a stream of requests with varying
-prompts, beam search, BERT / GPT-2 / LLaMA training with varying sequence lengths, T5, ViT,
-RoBERTa and BERT-large with varying batch shapes.
+batched decode with retiring rows (GPT-2, LLaMA, Mistral, a Mixtral-style mixture of
+experts), a stream of requests with varying prompts, beam search, BERT / GPT-2 / LLaMA /
+ResNet-50 training with varying shapes, T5 and Whisper generation, ViT, RoBERTa and
+BERT-large with varying batch shapes.
 
 Record (torch and transformers in any virtualenv; each recipe takes seconds to minutes,
 `--list` prints every recipe, the shared four included):
@@ -15,7 +16,8 @@ Record (torch and transformers in any virtualenv; each recipe takes seconds to m
         --out /tmp/extra-traces gpt2_batch_retire_infer llama8_batch_retire_infer \
         bert_base_train t5_small_infer vit_base_infer gpt2_small_train_varlen \
         gpt2_serve_infer llama_tinyllama_long_infer roberta_dynamic_infer gpt2_beam_infer \
-        mistral_small_infer llama_small_train bert_large_infer
+        mistral_small_infer llama_small_train bert_large_infer mixtral_moe_infer \
+        resnet50_train whisper_tiny_infer
 
 Then replay them:
 
@@ -288,4 +290,65 @@ def _bert_large(ctx):
             ids = torch.randint(1000, 30000, (B, L))
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).pooler_output.sum().item()
             del ids
+    yield
+
+
+@recipe("mixtral_moe_infer", model="Mixtral architecture (MoE), hidden 512, 4 layers, 8 experts top-2",
+        dtype="float32", workload="batch 4 left-padded prompts 50..400, 32 decode steps, rows retire")
+def _mixtral(ctx):
+    from transformers import MixtralConfig, MixtralForCausalLM
+    rng = random.Random(111)
+    cfg = MixtralConfig(vocab_size=32000, hidden_size=512, intermediate_size=1792, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
+                        num_experts_per_tok=2, max_position_embeddings=2048, pad_token_id=0)
+    model = MixtralForCausalLM(cfg).eval()
+    yield
+    with phase("load_weights"):
+        load_weights_to_device(model)
+    with torch.inference_mode():
+        lens = [rng.randrange(50, 400) for _ in range(4)]
+        ids, mask = _left_padded(rng, cfg.vocab_size, lens)
+        greedy_decode(model, ids, mask, n_decode=32, retire_after=[rng.randrange(4, 32) for _ in range(4)])
+        del ids, mask
+    yield
+
+
+@recipe("resnet50_train", model="ResNet-50 (transformers ResNetForImageClassification)", dtype="float32",
+        workload="4 training steps, batch sizes 4..12 at 224x224, SGD with momentum")
+def _resnet_train(ctx):
+    from transformers import ResNetConfig, ResNetForImageClassification
+    rng = random.Random(122)
+    model = ResNetForImageClassification(ResNetConfig(num_labels=100)).train()
+    yield
+    with phase("load_weights"):
+        load_weights_to_device(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
+    for step in range(4):
+        b = rng.randrange(4, 13)
+        x = torch.randn(b, 3, 224, 224)
+        labels = torch.randint(0, 100, (b,))
+        opt.zero_grad(set_to_none=True)
+        loss = model(pixel_values=x, labels=labels).loss
+        loss.backward()
+        opt.step()
+        del loss, x, labels
+    yield
+
+
+@recipe("whisper_tiny_infer", model="Whisper tiny architecture", dtype="float32",
+        workload="3 clips of 30 s log-mel features (batch 1..3), generate() greedy, 24 new tokens")
+def _whisper(ctx):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    rng = random.Random(133)
+    cfg = WhisperConfig(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
+                        decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536)
+    model = WhisperForConditionalGeneration(cfg).eval()
+    yield
+    with phase("load_weights"):
+        load_weights_to_device(model)
+    with torch.inference_mode():
+        for r in range(3):
+            feats = torch.randn(rng.randrange(1, 4), cfg.num_mel_bins, 3000)
+            out = model.generate(input_features=feats, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+            del out, feats
     yield
