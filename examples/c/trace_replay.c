@@ -3,7 +3,8 @@
  * README) through the pool API on one stream, as an inference engine written against CANN
  * would allocate: aclrtMemPoolMallocAsync / aclrtMemPoolFreeAsync, no synchronisation until
  * the end. Then reads the pool's high-water marks and checks that peak reserved memory stays
- * within 5 % of peak used memory (the fragmentation target of docs/performance.md).
+ * within 5 % of peak used memory, both in whole allocation granules (the fragmentation target
+ * of docs/performance.md).
  *
  * Usage: trace_replay [DIR]   (default: $SOMA_TRACES, else ../shared/traces; plain *.csv
  * only). A missing directory, and traces whose peak does not fit the device, are skipped
@@ -100,8 +101,26 @@ static int LoadTrace(const char *path, Trace *t)
     return 0;
 }
 
-/* Replays `t` on a fresh pool; returns the fragmentation (peak reserved / peak used). */
-static double Replay(const char *name, const Trace *t, aclrtStream stream)
+/* The device's minimum allocation granularity (2 MiB on Ascend and on the software NPU). */
+static uint64_t Granularity(void)
+{
+    aclrtPhysicalMemProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.handleType = ACL_MEM_HANDLE_TYPE_NONE;
+    prop.allocationType = ACL_MEM_ALLOCATION_TYPE_PINNED;
+    prop.memAttr = ACL_HBM_MEM_HUGE;
+    prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t granularity = 0;
+    CHECK(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM,
+                                           &granularity));
+    EXPECT(granularity > 0);
+    return granularity;
+}
+
+/* Replays `t` on a fresh pool; returns the fragmentation: peak reserved / peak used rounded
+ * up to whole granules (reserved memory is whole granules; a trace smaller than one is 1.0). */
+static double Replay(const char *name, const Trace *t, aclrtStream stream, uint64_t granularity)
 {
     aclrtMemPoolProps props = PoolProps(0, 0);
     aclrtMemPool pool = NULL;
@@ -134,7 +153,8 @@ static double Replay(const char *name, const Trace *t, aclrtStream stream)
     /* Used memory counts requests rounded up to the pool's block alignment. */
     EXPECT(usedHigh >= t->peakLive);
     EXPECT(reservedHigh >= usedHigh);
-    double fragmentation = (double)reservedHigh / (double)usedHigh;
+    uint64_t usedGranules = (usedHigh + granularity - 1) / granularity * granularity;
+    double fragmentation = (double)reservedHigh / (double)usedGranules;
     printf("  %-28s %7zu ops  peak requested %8.1f MiB  used high %8.1f MiB  reserved high "
            "%8.1f MiB  fragmentation %.4f\n",
            name, t->count, (double)t->peakLive / MIB, (double)usedHigh / MIB,
@@ -161,11 +181,16 @@ int main(int argc, char **argv)
     size_t freeBytes = 0;
     size_t totalBytes = 0;
     CHECK(aclrtGetMemInfo(ACL_HBM_MEM, &freeBytes, &totalBytes));
+    const uint64_t granularity = Granularity();
 
     int replayed = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
+        if (n > 7 && strcmp(e->d_name + n - 7, ".csv.gz") == 0) {
+            printf("  skipped %s: gzipped (this program reads plain CSV)\n", e->d_name);
+            continue;
+        }
         if (n < 5 || strcmp(e->d_name + n - 4, ".csv") != 0) {
             continue;
         }
@@ -182,7 +207,7 @@ int main(int argc, char **argv)
             free(t.ops);
             continue;
         }
-        double fragmentation = Replay(e->d_name, &t, stream);
+        double fragmentation = Replay(e->d_name, &t, stream, granularity);
         free(t.ops);
         EXPECT(fragmentation <= MAX_FRAGMENTATION);
         replayed++;
