@@ -87,12 +87,12 @@ fn parse(text: &str) -> Result<Vec<(u64, Option<u64>)>, String> {
     Ok(out)
 }
 
-/// Replays `events`; `complete` says whether frees count as complete (a host that waits for
-/// the device) for recycling and release.
-pub(super) fn replay(
+/// Replays `events` on a fresh engine that `configure` has set up; `complete` says whether
+/// frees count as complete (a host that waits for the device) for recycling and release.
+fn replay(
     events: &[(u64, Option<u64>)],
     complete: bool,
-    seg: u64,
+    configure: impl FnOnce(&mut Engine),
 ) -> (EngineStats, u64, usize) {
     let mut e = Engine::new(EngineConfig {
         range_size: 64 << 30,
@@ -101,7 +101,7 @@ pub(super) fn replay(
         index_by_offset: false,
     })
     .unwrap();
-    e.set_max_segment(seg);
+    configure(&mut e);
     let mut b = FakeBacking::new();
     let o = TestOrder { all_complete: complete, ..TestOrder::default() };
     let mut live = HashMap::new();
@@ -150,7 +150,7 @@ fn trace_fragmentation() {
         let events = parse(&text).unwrap();
         // (frees complete for recycling, segment cap)
         for (complete, seg) in [(true, 0), (false, 0), (true, G)] {
-            let (s, peak_req, records) = replay(&events, complete, seg);
+            let (s, peak_req, records) = replay(&events, complete, |e| e.set_max_segment(seg));
             let ratio = s.reserved_high as f64 / s.used_high as f64;
             println!(
                 "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7.4} {:>6} {:>6} {:>8.1}",
@@ -311,25 +311,11 @@ fn trace_fragmentation_by_segments_per_growth() {
         let events = parse(&read_trace(p)).unwrap();
         let mut line = format!("{:<32}", p.file_name().unwrap().to_string_lossy());
         for &n in &counts {
-            let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
-            if n > 0 {
-                e.set_segments_per_growth(n);
-            }
-            let mut b = FakeBacking::new();
-            let o = TestOrder { all_complete: true, ..TestOrder::default() };
-            let mut live = HashMap::new();
-            for (pos, &(id, op)) in events.iter().enumerate() {
-                match op {
-                    Some(bytes) => {
-                        live.insert(id, e.alloc(bytes, 512, 0, &o, &mut b).unwrap());
-                    }
-                    None => {
-                        let a = live.remove(&id).unwrap();
-                        e.free(a.block, FreeTag { stream: 0, pos: pos as u64 }).unwrap();
-                    }
+            let (s, _, _) = replay(&events, true, |e| {
+                if n > 0 {
+                    e.set_segments_per_growth(n);
                 }
-            }
-            let s = e.stats();
+            });
             let name = if n == 0 { "auto".to_string() } else { n.to_string() };
             line += &format!(
                 "  {name:>4}: {:.4} {:>5}/{:<5}",
