@@ -44,6 +44,14 @@ def _left_padded(rng, vocab, lens):
     return ids, mask
 
 
+def _train_step(model, opt, **inputs):
+    """One optimizer step on `inputs` (which include the labels); the loss is freed on return."""
+    opt.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    opt.step()
+
+
 @recipe("gpt2_batch_retire_infer", model="GPT-2 small", dtype="float32",
         workload="3 rounds: batch 8 left-padded prompts 16..300, 48 decode steps, rows retire")
 def _gpt2_batch_retire(ctx):
@@ -97,11 +105,8 @@ def _bert_train(ctx):
         L = rng.randrange(32, 384)
         ids = torch.randint(1000, model.config.vocab_size, (8, L))
         labels = torch.randint(0, 3, (8,))
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        del loss, ids, labels
+        _train_step(model, opt, input_ids=ids, labels=labels)
+        del ids, labels
     yield
 
 
@@ -153,11 +158,8 @@ def _gpt2_train_varlen(ctx):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
     for step in range(8):
         ids = torch.randint(0, model.config.vocab_size, (4, rng.randrange(64, 512)))
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        del loss, ids
+        _train_step(model, opt, input_ids=ids, labels=ids)
+        del ids
     yield
 
 
@@ -266,11 +268,8 @@ def _llama_train(ctx):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     for step in range(6):
         ids = torch.randint(3, cfg.vocab_size, (2, rng.randrange(128, 768)))
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        del loss, ids
+        _train_step(model, opt, input_ids=ids, labels=ids)
+        del ids
     yield
 
 
@@ -327,11 +326,8 @@ def _resnet_train(ctx):
         b = rng.randrange(4, 13)
         x = torch.randn(b, 3, 224, 224)
         labels = torch.randint(0, 100, (b,))
-        opt.zero_grad(set_to_none=True)
-        loss = model(pixel_values=x, labels=labels).loss
-        loss.backward()
-        opt.step()
-        del loss, x, labels
+        _train_step(model, opt, pixel_values=x, labels=labels)
+        del x, labels
     yield
 
 
