@@ -4,7 +4,7 @@
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
 //!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle]
-//!             [--replays R] [--json]
+//!             [--replays R] [--resident] [--json]
 //! ```
 //!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). With `--streams N` op `k` of the
@@ -15,8 +15,11 @@
 //! every `K` ops (that is where the release threshold applies); by default nothing
 //! synchronizes until the end. `--no-recycle` builds the pool with
 //! `recycle_on_growth(false)`, `--shards S` with `stream_shards(S)`. `--replays R` replays the trace `R` times on the same pool
-//! (what is live at the end of a replay is freed before the next), as a server running the
-//! same model again would; the figures are those of the last replay, peaks over all.
+//! (what is live at the end of a replay is freed before the next: the model unloaded and
+//! loaded again); with `--resident` what the first replay leaves live (the weights, a
+//! training run's optimizer state) stays allocated and later replays skip it, as a server or
+//! a training loop running the model again does. The figures are those of the last replay,
+//! peaks over all.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,12 +40,13 @@ struct Args {
     capacity: u64,
     recycle: bool,
     replays: usize,
+    resident: bool,
     json: bool,
 }
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
 [--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--json]";
+[--replays R] [--resident] [--json]";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
@@ -69,6 +73,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         capacity: 64 << 30,
         recycle: true,
         replays: 1,
+        resident: false,
         json: false,
     };
     let mut trace = None;
@@ -101,6 +106,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     return Err("--replays must be at least 1".into());
                 }
             }
+            "--resident" => a.resident = true,
             "--json" => a.json = true,
             "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
@@ -151,16 +157,24 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let pool = builder.recycle_on_growth(args.recycle).stream_shards(args.shards).build(&dev)?;
     let sim = npu.sim_device(0)?;
     let n = streams.len();
-    for _ in 1..args.replays {
+    // With `--resident`, what the first replay leaves live stays allocated and later replays
+    // skip those slots: the run repeated with its weights (and a training run's optimizer
+    // state) kept, as a server or a training loop does.
+    let mut resident: Vec<Option<PoolAlloc<'_, u8>>> = Vec::new();
+    for r in 1..args.replays {
         let mut hand_offs = 0;
-        let handles = replay_once(args, &trace, &dev, &pool, &streams, &mut hand_offs)?;
-        drop(handles);
+        let skip = (args.resident && r > 1).then_some(&resident[..]);
+        let handles = replay_once(args, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+        if args.resident && r == 1 {
+            resident = handles;
+        }
     }
     let calls_before = sim.stats();
     let pool_before = pool.stats();
     let mut hand_offs = 0u64;
     let start = Instant::now();
-    let handles = replay_once(args, &trace, &dev, &pool, &streams, &mut hand_offs)?;
+    let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
+    let handles = replay_once(args, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
     let elapsed = start.elapsed();
     let mut stats = pool.stats();
     stats.map_calls -= pool_before.map_calls;
@@ -172,18 +186,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     stats.reuses.host_synchronized -= pool_before.reuses.host_synchronized;
     stats.fresh_allocations -= pool_before.fresh_allocations;
     drop(handles);
+    drop(resident);
     dev.synchronize()?;
     let sim_after = sim.stats();
     print_report(args, &trace, &pool, n, elapsed, &stats, hand_offs, &calls_before, &sim_after)
 }
 
-/// One replay of `trace` on `pool`; returns the allocations still live at its end.
+/// One replay of `trace` on `pool`; returns the allocations still live at its end. The
+/// slots that are `Some` in `resident` (kept from an earlier replay) are skipped.
 fn replay_once<'s, 'd>(
     args: &Args,
     trace: &Trace,
     dev: &soma::Device,
     pool: &'s MemPool<'d>,
     streams: &'s [Stream<'d>],
+    resident: Option<&[Option<PoolAlloc<'s, u8>>]>,
     hand_offs: &mut u64,
 ) -> Result<Vec<Option<PoolAlloc<'s, u8>>>, Box<dyn std::error::Error>> {
     let n = streams.len();
@@ -192,6 +209,10 @@ fn replay_once<'s, 'd>(
     let mut owner: Vec<u32> = vec![0; trace.slots];
     for (k, op) in trace.ops.iter().enumerate() {
         let s = k % n;
+        let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
+        if resident.is_some_and(|r| r[slot as usize].is_some()) {
+            continue;
+        }
         match *op {
             Op::Alloc { slot, bytes } => {
                 let a = pool.alloc_async::<u8>(bytes as usize, &streams[s]).map_err(|e| {
@@ -259,7 +280,7 @@ fn print_report(
     println!("trace                 {} ({})", trace.name, args.trace.display());
     println!(
         "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, \
-         recycle on growth {}, {} stream(s), {} shard(s), replay {} of {}",
+         recycle on growth {}, {} stream(s), {} shard(s), replay {} of {}{}",
         pool.alignment(),
         mib(pool.max_size()),
         mib(pool.get::<soma::attr::ReleaseThreshold>()?),
@@ -267,7 +288,8 @@ fn print_report(
         n,
         args.shards,
         args.replays,
-        args.replays
+        args.replays,
+        if args.resident && args.replays > 1 { " (what the trace leaves live kept)" } else { "" }
     );
     println!(
         "ops                   {ops} ({} allocs, {} frees)",
@@ -325,13 +347,14 @@ mod tests {
                 "3",
                 "--shards",
                 "2",
+                "--resident",
             ]
             .map(String::from)
             .into_iter(),
         )
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
-        assert_eq!((a.recycle, a.replays, a.shards), (false, 3, 2));
+        assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
         assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());
