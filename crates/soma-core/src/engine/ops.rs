@@ -109,7 +109,11 @@ impl Engine {
         let b = &blocks[idx as usize];
         let (p, n) = (b.prev, b.next);
         let merge_p = p != NIL && mergeable(&blocks[p as usize], b);
-        let merge_n = n != NIL && mergeable(b, &blocks[n as usize]);
+        // An untagged block between free blocks of two streams merges with one of them only
+        // (blocks of different streams never merge).
+        let merge_n = n != NIL
+            && mergeable(b, &blocks[n as usize])
+            && (!merge_p || mergeable(&blocks[p as usize], &blocks[n as usize]));
         if merge_p != merge_n {
             if let Some(r) = self.coalesce_in_place(idx, p, n, merge_p) {
                 return r;

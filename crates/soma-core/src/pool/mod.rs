@@ -272,7 +272,10 @@ impl MemPoolBuilder {
     /// mapping beyond the pool's all-time reserved high, fully free segments elsewhere whose
     /// frees have completed are unmapped, so that reserved memory tracks used memory even
     /// when allocation sizes vary. The price is driver calls in steady state for workloads
-    /// whose shapes keep changing (an unmap and a map per recycled segment).
+    /// whose shapes keep changing (an unmap and a map per recycled segment). A recycling
+    /// pool also *packs* when it empties: the first allocation after nothing was live moves
+    /// the free segments above its reserved size into the holes recycling left below, so the
+    /// next workload starts from one mapped run (see `docs/semantics.md`).
     ///
     /// `false`: growth only maps. After a warm-up in which the pool maps what the workload's
     /// fragmentation needs, a repeating workload runs without driver calls; peak reserved is

@@ -9,7 +9,7 @@
 //! request (a device keeping up with the host), so fully free segments can be recycled;
 //! `no` as if none had (nothing can be unmapped, only reused in place).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::*;
@@ -325,5 +325,126 @@ fn trace_fragmentation_by_segments_per_growth() {
             );
         }
         println!("{line}");
+    }
+}
+
+/// How the next replay of a trace starts on the same engine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Rerun {
+    /// What is live at the end of the trace (the weights, a training run's optimizer
+    /// state) stays allocated and later replays skip it: a server or training loop running
+    /// the model again.
+    Resident,
+    /// Everything is freed between replays: the model unloaded and loaded again into the
+    /// same pool (which packs its mapped memory when it empties, see `growth::pack_idle`).
+    FromEmpty,
+}
+
+/// Per replay of `events`, `replays` times on one engine with recycling (every free
+/// complete): (peak reserved / peak used in granules so far, map calls, unmap calls).
+fn replay_repeatedly(
+    events: &[(u64, Option<u64>)],
+    replays: usize,
+    rerun: Rerun,
+) -> Vec<(f64, u64, u64)> {
+    let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
+    let mut b = FakeBacking::new();
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut at_end = HashSet::new();
+    for &(id, op) in events {
+        if op.is_some() {
+            at_end.insert(id);
+        } else {
+            at_end.remove(&id);
+        }
+    }
+    let mut resident = Vec::new();
+    let mut pos = 0;
+    let mut per_replay = Vec::new();
+    for r in 0..replays {
+        let before = e.stats();
+        let mut live = HashMap::new();
+        for &(id, op) in events {
+            if rerun == Rerun::Resident && r > 0 && at_end.contains(&id) {
+                continue;
+            }
+            pos += 1;
+            match op {
+                Some(bytes) => {
+                    live.insert(id, e.alloc(bytes, 512, 0, &o, &mut b).unwrap());
+                }
+                None => {
+                    let a = live.remove(&id).unwrap();
+                    e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
+                }
+            }
+        }
+        // In id order: the engine's placement must not depend on a hash seed.
+        let mut live: Vec<_> = live.into_iter().collect();
+        live.sort_by_key(|&(id, _)| id);
+        for (id, a) in live {
+            if rerun == Rerun::Resident && at_end.contains(&id) {
+                resident.push(a);
+                continue;
+            }
+            pos += 1;
+            e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
+        }
+        let s = e.stats();
+        per_replay.push((
+            in_granules(&s),
+            s.map_calls - before.map_calls,
+            s.unmap_calls - before.unmap_calls,
+        ));
+    }
+    e.check_invariants().unwrap();
+    per_replay
+}
+
+/// A trace run again and again on one engine stays within the 1.05 target, both with what
+/// it leaves live kept (a server or a training loop: BERT 1.007 -> 1.011, GPT-2 training
+/// 1.017 -> 1.029 by the tenth run, then flat) and from empty (a model loaded again: BERT
+/// 1.007 throughout, GPT-2 training 1.017; without packing when the engine empties, BERT
+/// crept to 1.058-1.072 within 5-20 runs and GPT-2 training to 1.039).
+#[test]
+fn trace_reruns_stay_within_target() {
+    let Some(paths) = trace_paths() else { return };
+    // Debug builds replay fewer times (the GPT-2 training trace is 27k events per run).
+    let replays = if cfg!(debug_assertions) { 4 } else { 12 };
+    for p in &paths {
+        let events = parse(&read_trace(p)).unwrap();
+        let name = p.file_name().unwrap().to_string_lossy();
+        for rerun in [Rerun::Resident, Rerun::FromEmpty] {
+            let runs = replay_repeatedly(&events, replays, rerun);
+            for (r, &(ratio, _, _)) in runs.iter().enumerate() {
+                assert!(ratio <= 1.05, "{name}, {rerun:?}: run {r} reaches {ratio:.4}");
+            }
+        }
+    }
+}
+
+/// Peak reserved / peak used (and map / unmap calls) over repeated replays for each way of
+/// starting the next one ([`Rerun`]). Run with `--ignored --nocapture`; `SOMA_REPLAYS`
+/// (default 20).
+#[test]
+#[ignore = "measurement"]
+fn trace_fragmentation_over_replays() {
+    let Some(paths) = trace_paths() else { return };
+    let replays: usize =
+        std::env::var("SOMA_REPLAYS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    for p in &paths {
+        let events = parse(&read_trace(p)).unwrap();
+        for rerun in [Rerun::Resident, Rerun::FromEmpty] {
+            let name = p.file_name().unwrap().to_string_lossy();
+            let mut line = format!("{name:<32} {:<10}", format!("{rerun:?}"));
+            for (r, (ratio, maps, unmaps)) in
+                replay_repeatedly(&events, replays, rerun).into_iter().enumerate()
+            {
+                if r < 3 || r + 1 == replays || r % 5 == 4 {
+                    line += &format!(" {r}:{ratio:.3}({maps}/{unmaps})");
+                }
+            }
+            println!("{line}");
+        }
     }
 }

@@ -1070,3 +1070,123 @@ fn the_free_block_a_growth_extends_does_not_refine_segments() {
     assert_eq!(e.stats().unmap_calls, 0);
     assert_eq!(e.split_boost, 0);
 }
+
+/// Three granule blocks A, B, C at [0, 3G); A freed and released (a hole at the bottom,
+/// as recycling leaves them); then B and C freed at `pos` 2 on stream 0: the engine is empty
+/// with 2 granules mapped at [G, 3G) above a hole.
+fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
+    let blocks: Vec<_> = (0..3).map(|_| alloc(e, b, o, G, 0)).collect();
+    free(e, &blocks[0], 0, 1);
+    let all = TestOrder { all_complete: true, ..TestOrder::default() };
+    assert_eq!(e.release(2 * G, &all, b).unwrap(), G);
+    for a in &blocks[1..] {
+        free(e, a, 0, 2);
+    }
+    assert_eq!((e.used(), e.reserved()), (0, 2 * G));
+}
+
+/// The mapped ranges, in address order.
+fn mapped_ranges(e: &Engine) -> Vec<(u64, u64)> {
+    e.blocks()
+        .filter(|i| i.state != BlockState::Unmapped)
+        .map(|i| (i.offset, i.offset + i.size))
+        .fold(Vec::new(), |mut v: Vec<(u64, u64)>, (s, t)| {
+            match v.last_mut() {
+                Some(last) if last.1 == s => last.1 = t,
+                _ => v.push((s, t)),
+            }
+            v
+        })
+}
+
+#[test]
+fn an_engine_that_empties_packs_its_mapped_memory_before_the_next_allocation() {
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    empty_above_a_hole(&mut e, &mut b, &o);
+    assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);
+    let (unmaps, high) = (e.stats().unmap_calls, e.stats().reserved_high);
+    let a = alloc(&mut e, &mut b, &o, 4096, 0);
+    // The segment above `reserved` moved into the hole: one run from the bottom.
+    assert_eq!(mapped_ranges(&e), [(0, 2 * G)]);
+    assert_eq!(e.stats().unmap_calls, unmaps + 1);
+    assert_eq!((e.reserved(), e.stats().reserved_high), (2 * G, high));
+    assert_eq!(b.total(), e.reserved());
+    assert_eq!(a.offset, 0, "the next workload starts at the bottom");
+    // Nothing was unmapped since: the next emptying does not pack again.
+    free(&mut e, &a, 0, 3);
+    let maps = e.stats().map_calls;
+    alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(e.stats().map_calls, maps);
+}
+
+#[test]
+fn an_engine_with_live_blocks_does_not_pack() {
+    // A B C D at [0, 4G); A released (a hole at the bottom), C and D freed, B live: D lies
+    // above `reserved` (3G) and could move, but only an empty engine packs.
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let blocks: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    free(&mut e, &blocks[0], 0, 1);
+    assert_eq!(e.release(3 * G, &o, &mut b).unwrap(), G);
+    free(&mut e, &blocks[2], 0, 2);
+    free(&mut e, &blocks[3], 0, 2);
+    alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(mapped_ranges(&e), [(G, 4 * G)], "a live block pins the layout");
+}
+
+#[test]
+fn packing_moves_only_segments_whose_frees_completed() {
+    // B and C were freed at pos 2, which has not completed: the device may still touch them.
+    let mut o = TestOrder::default();
+    o.complete_bound.insert(0, 2);
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    empty_above_a_hole(&mut e, &mut b, &o);
+    let unmaps = e.stats().unmap_calls;
+    alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(e.stats().unmap_calls, unmaps);
+    assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);
+}
+
+#[test]
+fn an_engine_without_recycling_never_packs() {
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(64 * G);
+    e.set_recycle_on_growth(false);
+    let mut b = FakeBacking::new();
+    empty_above_a_hole(&mut e, &mut b, &o);
+    alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);
+}
+
+#[test]
+fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
+    // P Q R S at [0, 4G); Q released (a hole at [G, 2G)); P and S freed on stream 0, R on
+    // stream 1. Packing maps S's granule into the hole, between P (stream 0) and R
+    // (stream 1): the untagged memory joins P only — blocks of two streams never merge.
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let blocks: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
+    free(&mut e, &blocks[1], 0, 1);
+    assert_eq!(e.release(3 * G, &o, &mut b).unwrap(), G);
+    free(&mut e, &blocks[0], 0, 2);
+    free(&mut e, &blocks[2], 1, 2);
+    free(&mut e, &blocks[3], 0, 2);
+    // Stream 2 may reuse neither stream's blocks: it grows above them, after packing.
+    let a = alloc(&mut e, &mut b, &o, 4096, 2);
+    assert_eq!(a.offset, 3 * G);
+    assert_eq!(mapped_ranges(&e), [(0, 4 * G)]);
+    let free_blocks: Vec<_> = e
+        .blocks()
+        .filter_map(|i| match i.state {
+            BlockState::Free(Some(t)) => Some((i.offset, i.offset + i.size, t.stream)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(free_blocks, [(0, 2 * G, 0), (2 * G, 3 * G, 1)]);
+    let _ = a;
+}
