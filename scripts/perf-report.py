@@ -14,8 +14,9 @@ every other section of the file (e.g. `## soma-sim`) is kept byte for byte.
 `--out PATH` writes the result to PATH instead of rewriting the document (e.g. to check a
 quick run's output without touching docs/performance.md).
 
-The script also runs `soma-replay --json` over every trace with 1, 2 and 4 streams
-(`--no-replay` skips it). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
+The script also runs `soma-replay --json` over every trace with 1, 2 and 4 streams, and
+repeated 12 times on one pool (resident, from empty, from empty without recycling; also over
+the traces in `SOMA_EXTRA_TRACES` when set) (`--no-replay` skips both). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
 10 000 and 20 000 pairs) and reports instructions per alloc+free pair.
 """
 
@@ -166,6 +167,36 @@ def run_replays(target):
                 rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
     with open(os.path.join(target, "soma-bench", "replay.json"), "w") as f:
         json.dump(rows, f)
+    # Runs repeated on one pool: with what the trace leaves live kept, from empty, and from
+    # empty without recycling; also over `SOMA_EXTRA_TRACES` (a directory) when set.
+    extra = os.environ.get("SOMA_EXTRA_TRACES")
+    if extra:
+        paths += sorted(glob.glob(os.path.join(extra, "*.csv")) +
+                        glob.glob(os.path.join(extra, "*.csv.gz")))
+    reruns = []
+    for p in paths:
+        row = {}
+        for mode, opts in RERUN_MODES:
+            r = subprocess.run([exe, p, *opts, "--json"], capture_output=True, text=True,
+                               check=False)
+            if r.returncode == 0 and r.stdout.strip():
+                d = json.loads(r.stdout.strip().splitlines()[-1])
+                row["trace"] = d["trace"]
+                row[mode] = d
+        if row:
+            reruns.append(row)
+    with open(os.path.join(target, "soma-bench", "replay-reruns.json"), "w") as f:
+        json.dump(reruns, f)
+
+
+RERUNS = 12
+# (key, soma-replay options) of the rerun table's columns.
+RERUN_MODES = [
+    ("once", []),
+    ("resident", ["--replays", str(RERUNS), "--resident"]),
+    ("from_empty", ["--replays", str(RERUNS)]),
+    ("from_empty_retain", ["--replays", str(RERUNS), "--no-recycle"]),
+]
 
 
 def trace_memory(w, traces):
@@ -473,6 +504,38 @@ def section(target, crit, cmd_note):
             w(f"| {r['trace']} | {r['streams']} | {r['ns_per_op']:.0f} | "
               f"{r['peak_reserved'] / MIB:.0f} | {r['fragmentation_vs_requested']:.3f} | "
               f"{r['map_calls']} / {r['unmap_calls']} | {r['hand_offs']} |")
+    rr = load_json(target, "replay-reruns")
+    if rr:
+        w("")
+        w(f"Runs repeated on one pool (`soma-replay --replays {RERUNS}`, one stream, default "
+          "pool): *resident* keeps what the trace leaves live (weights, a training run's "
+          "optimizer state) and repeats the rest — a server or a training loop (`--resident`); "
+          "*from empty* frees everything between runs — a model unloaded and loaded again; "
+          "*retain* the same without recycling (`--no-recycle`). Fragmentation = peak reserved "
+          "/ peak used over all runs; map / unmap calls of the last run (once: of the only "
+          "run). Traces of `SOMA_EXTRA_TRACES` as well when it was set.")
+        w("")
+        w("| trace | once | resident | from empty | from empty, retain |")
+        w("|---|---:|---:|---:|---:|")
+        worst = {}
+        for row in rr:
+            cells = []
+            for mode, _ in RERUN_MODES:
+                d = row.get(mode)
+                if d is None:
+                    cells.append("—")
+                    continue
+                cells.append(f"{d['fragmentation']:.3f} ({d['map_calls']} / {d['unmap_calls']})")
+                if mode != "from_empty_retain":
+                    worst[mode] = max(worst.get(mode, (0, "")), (d["fragmentation"], row["trace"]))
+            w(f"| {row['trace']} | " + " | ".join(cells) + " |")
+        w("")
+        for mode, label in (("resident", "resident"), ("from_empty", "from empty")):
+            if mode in worst:
+                f, t = worst[mode]
+                verdict = "met" if f <= 1.05 else "**missed**"
+                w(f"- Fragmentation ≤ 1.05 over {RERUNS} runs, {label}: {verdict} "
+                  f"(highest {f:.3f}, {t}).")
     w("")
 
     # ---- 4. multi-stream
