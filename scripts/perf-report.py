@@ -533,8 +533,7 @@ def section(target, crit, cmd_note):
         for mode, label in (("resident", "resident"), ("from_empty", "from empty")):
             if mode in worst:
                 f, t = worst[mode]
-                verdict = "met" if f <= 1.05 else "**missed**"
-                w(f"- Fragmentation ≤ 1.05 over {RERUNS} runs, {label}: {verdict} "
+                w(f"- Fragmentation ≤ 1.05 over {RERUNS} runs, {label}: {verdict(f <= 1.05)} "
                   f"(highest {f:.3f}, {t}).")
     w("")
 
