@@ -1,5 +1,5 @@
 //! Pool behaviour on the software NPU: integrity, thresholds, trim, OOM, alignment, bad
-//! sizes, attributes, compaction, concurrency.
+//! sizes, attributes, compaction, packing when empty, concurrency.
 
 mod common;
 
@@ -543,4 +543,55 @@ fn typed_pairs_go_through_the_free_ring() {
     drop(b);
     assert_eq!(MemPool::builder().history(8).build(&dev).unwrap().free_ring_tickets(), None);
     assert_eq!(MemPool::builder().passthrough(true).build(&dev).unwrap().free_ring_tickets(), None);
+}
+
+/// A (4 MiB) and X (2 MiB); A freed; B (8 MiB) recycles A's granules and maps above X,
+/// leaving a hole where A was. Returns A's address (the bottom of the pool's range).
+fn hole_below_b<'s>(
+    pool: &'s MemPool<'_>,
+    s: &'s soma::Stream<'_>,
+) -> (u64, Vec<soma::PoolAlloc<'s, u8>>) {
+    let a = pool.alloc_async::<u8>(4 * MIB as usize, s).unwrap();
+    let bottom = a.device_ptr().addr();
+    let x = pool.alloc_async::<u8>(2 * MIB as usize, s).unwrap();
+    drop(a);
+    s.synchronize().unwrap();
+    let b = pool.alloc_async::<u8>(8 * MIB as usize, s).unwrap();
+    assert!(pool.stats().unmap_calls > 0, "B recycled A's granules");
+    assert!(b.device_ptr().addr() > x.device_ptr().addr(), "B lies above X");
+    (bottom, vec![x, b])
+}
+
+#[test]
+fn a_pool_that_empties_starts_the_next_workload_from_the_bottom() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let (bottom, live) = hole_below_b(&pool, &s);
+    drop(live);
+    s.synchronize().unwrap();
+    let before = pool.stats();
+    let next = pool.alloc_async::<u8>(MIB as usize, &s).unwrap();
+    let after = pool.stats();
+    assert_eq!(next.device_ptr().addr(), bottom, "the pool packed its mapped memory");
+    assert!(after.unmap_calls > before.unmap_calls && after.map_calls > before.map_calls);
+    assert_eq!((after.reserved, after.reserved_high), (before.reserved, before.reserved_high));
+}
+
+#[test]
+fn a_pool_with_work_in_flight_on_its_freed_memory_does_not_move_it() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let (_, live) = hole_below_b(&pool, &s);
+    // Frees enqueued behind a closed gate: not complete, so nothing may be unmapped.
+    let gate = Gate::close(&s);
+    drop(live);
+    let before = pool.stats();
+    let next = pool.alloc_async::<u8>(MIB as usize, &s).unwrap();
+    assert_eq!(pool.stats().unmap_calls, before.unmap_calls);
+    gate.open();
+    drop(next);
 }
