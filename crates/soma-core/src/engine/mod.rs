@@ -120,8 +120,8 @@
 //! mapped run, as the first run did from nothing. Without it, such a rerun places its
 //! long-lived blocks (weights) between the holes, the partial granules beside them stay
 //! mapped, and peak reserved creeps from run to run: on the BERT trace run again and again
-//! from empty, 1.007 → 1.058–1.072 within 5–20 runs, a Mixtral-style batch-retiring GPT-2
-//! trace 1.015 → 1.075; with packing 1.007 and 1.015 throughout (`tests/traces.rs`,
+//! from empty, 1.007 → 1.058–1.072 within 5–20 runs, a batched GPT-2 decode whose rows
+//! retire 1.015 → 1.075; with packing 1.007 and 1.015 throughout (`tests/traces.rs`,
 //! `trace_fragmentation_over_replays`). A run that keeps what it leaves live (weights
 //! resident, as a server or training loop does) never empties and needs none: it converges
 //! within 1.05 on its own.
@@ -136,8 +136,9 @@
 //! # Complexity
 //!
 //! `alloc` without growth and `free` are O(1) in the number of blocks (O(streams) for the
-//! cross-stream step); growth, packing, [`Engine::release`], [`Engine::relocate_lower`] and the OOM
-//! report are O(n) in blocks or holes, always next to a driver call or on a cold path.
+//! cross-stream step); growth, packing, [`Engine::release`], [`Engine::relocate_lower`] and
+//! the OOM report are O(n) in blocks or holes, always next to a driver call or on a cold
+//! path.
 //! Steady state allocates nothing on the host: records are recycled in the slab, free indices
 //! live as long as the engine, the optional offset index keeps its capacity.
 
