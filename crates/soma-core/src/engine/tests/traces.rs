@@ -205,41 +205,16 @@ fn trace_replayed_without_recycling_makes_no_driver_calls() {
     let Some(paths) = trace_paths() else { return };
     for p in &paths {
         let events = parse(&read_trace(p)).unwrap();
-        let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
-        e.set_recycle_on_growth(false);
-        let mut b = FakeBacking::new();
-        let o = TestOrder { all_complete: true, ..TestOrder::default() };
-        let mut pos = 0;
-        let mut maps = Vec::new();
-        for _ in 0..3 {
-            let before = e.stats().map_calls;
-            let mut live = HashMap::new();
-            for &(id, op) in &events {
-                pos += 1;
-                match op {
-                    Some(bytes) => {
-                        live.insert(id, e.alloc(bytes, 512, 0, &o, &mut b).unwrap());
-                    }
-                    None => {
-                        let a = live.remove(&id).unwrap();
-                        e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
-                    }
-                }
-            }
-            for (_, a) in live {
-                pos += 1;
-                e.free(a.block, FreeTag { stream: 0, pos }).unwrap();
-            }
-            maps.push(e.stats().map_calls - before);
-        }
-        let s = e.stats();
+        let runs =
+            replay_repeatedly(&events, 3, Rerun::FromEmpty, |e| e.set_recycle_on_growth(false));
+        let maps: Vec<u64> = runs.iter().map(|&(_, maps, _)| maps).collect();
+        let unmaps: u64 = runs.iter().map(|&(_, _, unmaps)| unmaps).sum();
         let name = p.file_name().unwrap().to_string_lossy();
-        println!("{name}: maps per replay {maps:?}, unmaps {}", s.unmap_calls);
-        assert_eq!(s.unmap_calls, 0, "{name}: growth never unmaps");
+        println!("{name}: maps per replay {maps:?}, unmaps {unmaps}");
+        assert_eq!(unmaps, 0, "{name}: growth never unmaps");
         assert_eq!(maps[2], 0, "{name}: the third replay is served from cache");
-        let ratio = in_granules(&s);
+        let ratio = runs[2].0;
         assert!(ratio <= never_unmapping_limit(&name), "{name}: {ratio}");
-        e.check_invariants().unwrap();
     }
 }
 
@@ -340,14 +315,17 @@ enum Rerun {
     FromEmpty,
 }
 
-/// Per replay of `events`, `replays` times on one engine with recycling (every free
-/// complete): (peak reserved / peak used in granules so far, map calls, unmap calls).
+/// Per replay of `events`, `replays` times on one engine (every free complete; `configure`
+/// first, e.g. to turn recycling off): (peak reserved / peak used in granules so far, map
+/// calls, unmap calls). Checks the engine's invariants at the end.
 fn replay_repeatedly(
     events: &[(u64, Option<u64>)],
     replays: usize,
     rerun: Rerun,
+    configure: impl FnOnce(&mut Engine),
 ) -> Vec<(f64, u64, u64)> {
     let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
+    configure(&mut e);
     let mut b = FakeBacking::new();
     let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let mut at_end = HashSet::new();
@@ -415,7 +393,7 @@ fn trace_reruns_stay_within_target() {
         let events = parse(&read_trace(p)).unwrap();
         let name = p.file_name().unwrap().to_string_lossy();
         for rerun in [Rerun::Resident, Rerun::FromEmpty] {
-            let runs = replay_repeatedly(&events, replays, rerun);
+            let runs = replay_repeatedly(&events, replays, rerun, |_| {});
             for (r, &(ratio, _, _)) in runs.iter().enumerate() {
                 assert!(ratio <= 1.05, "{name}, {rerun:?}: run {r} reaches {ratio:.4}");
             }
@@ -438,7 +416,7 @@ fn trace_fragmentation_over_replays() {
             let name = p.file_name().unwrap().to_string_lossy();
             let mut line = format!("{name:<32} {:<10}", format!("{rerun:?}"));
             for (r, (ratio, maps, unmaps)) in
-                replay_repeatedly(&events, replays, rerun).into_iter().enumerate()
+                replay_repeatedly(&events, replays, rerun, |_| {}).into_iter().enumerate()
             {
                 if r < 3 || r + 1 == replays || r % 5 == 4 {
                     line += &format!(" {r}:{ratio:.3}({maps}/{unmaps})");
