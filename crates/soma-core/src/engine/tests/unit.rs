@@ -1071,14 +1071,28 @@ fn the_free_block_a_growth_extends_does_not_refine_segments() {
     assert_eq!(e.split_boost, 0);
 }
 
-/// Three granule blocks A, B, C at [0, 3G); A freed and released (a hole at the bottom,
-/// as recycling leaves them); then B and C freed at `pos` 2 on stream 0: the engine is empty
-/// with 2 granules mapped at [G, 3G) above a hole.
-fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
-    let blocks: Vec<_> = (0..3).map(|_| alloc(e, b, o, G, 0)).collect();
-    free(e, &blocks[0], 0, 1);
+/// `n` granule blocks at [0, nG) on stream 0, block `hole` freed (at `pos` 1) and released:
+/// an unmapped hole between mapped memory, as recycling leaves them. Returns the blocks
+/// (`hole`'s is stale).
+fn granules_around_a_hole(
+    e: &mut Engine,
+    b: &mut FakeBacking,
+    o: &TestOrder,
+    n: u64,
+    hole: usize,
+) -> Vec<Allocation> {
+    let blocks: Vec<_> = (0..n).map(|_| alloc(e, b, o, G, 0)).collect();
+    free(e, &blocks[hole], 0, 1);
     let all = TestOrder { all_complete: true, ..TestOrder::default() };
-    assert_eq!(e.release(2 * G, &all, b).unwrap(), G);
+    assert_eq!(e.release((n - 1) * G, &all, b).unwrap(), G);
+    blocks
+}
+
+/// Three granule blocks A, B, C at [0, 3G); A released (a hole at the bottom); then B and C
+/// freed at `pos` 2 on stream 0: the engine is empty with 2 granules mapped at [G, 3G) above
+/// a hole.
+fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
+    let blocks = granules_around_a_hole(e, b, o, 3, 0);
     for a in &blocks[1..] {
         free(e, a, 0, 2);
     }
@@ -1128,9 +1142,7 @@ fn an_engine_with_live_blocks_does_not_pack() {
     let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let blocks: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
-    free(&mut e, &blocks[0], 0, 1);
-    assert_eq!(e.release(3 * G, &o, &mut b).unwrap(), G);
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 0);
     free(&mut e, &blocks[2], 0, 2);
     free(&mut e, &blocks[3], 0, 2);
     alloc(&mut e, &mut b, &o, 4096, 0);
@@ -1170,9 +1182,7 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     let o = TestOrder { all_complete: true, ..TestOrder::default() };
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let blocks: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
-    free(&mut e, &blocks[1], 0, 1);
-    assert_eq!(e.release(3 * G, &o, &mut b).unwrap(), G);
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
     free(&mut e, &blocks[0], 0, 2);
     free(&mut e, &blocks[2], 1, 2);
     free(&mut e, &blocks[3], 0, 2);
