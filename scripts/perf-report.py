@@ -151,36 +151,45 @@ def run_callgrind(target):
     return res
 
 
+def trace_files(tdir):
+    """The *.csv and *.csv.gz traces of directory `tdir`, sorted."""
+    return sorted(glob.glob(os.path.join(tdir, "*.csv")) + glob.glob(os.path.join(tdir, "*.csv.gz")))
+
+
+def replay_json(exe, path, opts):
+    """The report of `soma-replay PATH OPTS --json`, or None when the replay failed."""
+    r = subprocess.run([exe, path, *opts, "--json"], capture_output=True, text=True, check=False)
+    if r.returncode != 0 or not r.stdout.strip():
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_replays(target):
     """soma-replay --json on every trace with 1, 2 and 4 streams -> soma-bench/replay.json."""
     subprocess.run(["cargo", "build", "--release", "-p", "soma-tools"], cwd=ROOT, check=True,
                    env=dict(os.environ, CARGO_TARGET_DIR=target))
     exe = os.path.join(target, "release", "soma-replay")
     tdir = os.environ.get("SOMA_TRACES", os.path.join(ROOT, "..", "shared", "traces"))
-    paths = sorted(glob.glob(os.path.join(tdir, "*.csv")) + glob.glob(os.path.join(tdir, "*.csv.gz")))
+    paths = trace_files(tdir)
     rows = []
     for p in paths:
         for n in (1, 2, 4):
-            r = subprocess.run([exe, p, "--streams", str(n), "--json"], capture_output=True,
-                               text=True, check=False)
-            if r.returncode == 0 and r.stdout.strip():
-                rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            d = replay_json(exe, p, ["--streams", str(n)])
+            if d:
+                rows.append(d)
     with open(os.path.join(target, "soma-bench", "replay.json"), "w") as f:
         json.dump(rows, f)
     # Runs repeated on one pool: with what the trace leaves live kept, from empty, and from
     # empty without recycling; also over `SOMA_EXTRA_TRACES` (a directory) when set.
     extra = os.environ.get("SOMA_EXTRA_TRACES")
     if extra:
-        paths += sorted(glob.glob(os.path.join(extra, "*.csv")) +
-                        glob.glob(os.path.join(extra, "*.csv.gz")))
+        paths += trace_files(extra)
     reruns = []
     for p in paths:
         row = {}
         for mode, opts in RERUN_MODES:
-            r = subprocess.run([exe, p, *opts, "--json"], capture_output=True, text=True,
-                               check=False)
-            if r.returncode == 0 and r.stdout.strip():
-                d = json.loads(r.stdout.strip().splitlines()[-1])
+            d = replay_json(exe, p, opts)
+            if d:
                 row["trace"] = d["trace"]
                 row[mode] = d
         if row:
