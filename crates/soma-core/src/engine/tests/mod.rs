@@ -92,6 +92,13 @@ pub(super) struct TestOrder {
     pub all_complete: bool,
 }
 
+impl TestOrder {
+    /// Every free complete, nothing else eligible (the trace replays' order).
+    pub fn complete() -> TestOrder {
+        TestOrder { all_complete: true, ..TestOrder::default() }
+    }
+}
+
 impl StreamOrder for TestOrder {
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
         Eligibility {

@@ -236,7 +236,7 @@ fn trace_fragmentation_two_streams() {
             })
             .unwrap();
             let mut b = FakeBacking::new();
-            let mut o = TestOrder { all_complete: true, ..TestOrder::default() };
+            let mut o = TestOrder::complete();
             if cross {
                 // opportunistic: everything complete
                 o.completed.insert(0, u64::MAX);
@@ -327,7 +327,7 @@ fn replay_repeatedly(
     let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
     configure(&mut e);
     let mut b = FakeBacking::new();
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut at_end = HashSet::new();
     for &(id, op) in events {
         if op.is_some() {

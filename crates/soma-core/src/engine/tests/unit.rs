@@ -393,7 +393,7 @@ fn growth_extends_a_free_block_into_the_hole() {
 fn growth_extends_leftwards_into_a_hole() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let a = alloc(&mut e, &mut b, &o, G, 0);
     let c = alloc(&mut e, &mut b, &o, G, 0);
     let d = alloc(&mut e, &mut b, &o, G, 0);
@@ -587,7 +587,7 @@ fn release_respects_live_and_incomplete_memory() {
 fn release_goes_highest_first_and_stops_at_the_target() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let segs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     let live = alloc(&mut e, &mut b, &o, G, 0);
     for a in &segs {
@@ -614,7 +614,7 @@ fn release_goes_highest_first_and_stops_at_the_target() {
 fn release_unmap_error_keeps_state_exact() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let segs: Vec<_> = (0..3).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     for a in &segs {
         free(&mut e, a, 0, 1);
@@ -722,7 +722,7 @@ fn engine_is_send() {
 fn segment_policy() {
     let mut e = engine(1024 * G);
     let mut b = FakeBacking::new();
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     // 64 MiB: segments of 16 MiB
     let x = alloc(&mut e, &mut b, &o, 64 * MIB, 0);
     assert_eq!(b.mapped.values().map(|v| v.0).collect::<Vec<_>>(), vec![16 * MIB; 4]);
@@ -969,7 +969,7 @@ proptest::proptest! {
         let mut engines = [engine(64 * G), engine(64 * G)];
         engines[1].recycle_scan_all = true;
         let mut backings = [FakeBacking::new(), FakeBacking::new()];
-        let mut o = TestOrder { all_complete: true, ..TestOrder::default() };
+        let mut o = TestOrder::complete();
         for s in 0..3 {
             o.host_observed.insert(s, u64::MAX);
         }
@@ -1010,7 +1010,7 @@ fn recycling_short_of_whole_segments(e: &mut Engine, b: &mut FakeBacking, o: &Te
 
 #[test]
 fn recycling_short_of_whole_segments_refines_later_growths() {
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut adaptive = engine(1 << 30);
     let mut fixed = engine(1 << 30);
     fixed.set_segments_per_growth(4);
@@ -1046,7 +1046,7 @@ fn frees_not_complete_do_not_refine_segments() {
 fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
     // The same shortfall, next to 2 GiB of live memory: what the growth leaves mapped
     // beyond the live bytes is below 1/64 of them.
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(8 << 30);
     let mut b = FakeBacking::new();
     alloc(&mut e, &mut b, &o, 2 << 30, 0);
@@ -1059,7 +1059,7 @@ fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
 fn the_free_block_a_growth_extends_does_not_refine_segments() {
     // The only free granules are in the block the 40 MiB request extends into the hole
     // above it: recycling must not touch them, and finer segments would not change that.
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(1 << 30);
     let mut b = FakeBacking::new();
     let a = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
@@ -1083,7 +1083,7 @@ fn granules_around_a_hole(
 ) -> Vec<Allocation> {
     let blocks: Vec<_> = (0..n).map(|_| alloc(e, b, o, G, 0)).collect();
     free(e, &blocks[hole], 0, 1);
-    let all = TestOrder { all_complete: true, ..TestOrder::default() };
+    let all = TestOrder::complete();
     assert_eq!(e.release((n - 1) * G, &all, b).unwrap(), G);
     blocks
 }
@@ -1115,7 +1115,7 @@ fn mapped_ranges(e: &Engine) -> Vec<(u64, u64)> {
 
 #[test]
 fn an_engine_that_empties_packs_its_mapped_memory_before_the_next_allocation() {
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
     empty_above_a_hole(&mut e, &mut b, &o);
@@ -1139,7 +1139,7 @@ fn an_engine_that_empties_packs_its_mapped_memory_before_the_next_allocation() {
 fn an_engine_with_live_blocks_does_not_pack() {
     // A B C D at [0, 4G); A released (a hole at the bottom), C and D freed, B live: D lies
     // above `reserved` (3G) and could move, but only an empty engine packs.
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
     let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 0);
@@ -1165,7 +1165,7 @@ fn packing_moves_only_segments_whose_frees_completed() {
 
 #[test]
 fn an_engine_without_recycling_never_packs() {
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(64 * G);
     e.set_recycle_on_growth(false);
     let mut b = FakeBacking::new();
@@ -1179,7 +1179,7 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     // P Q R S at [0, 4G); Q released (a hole at [G, 2G)); P and S freed on stream 0, R on
     // stream 1. Packing maps S's granule into the hole, between P (stream 0) and R
     // (stream 1): the untagged memory joins P only — blocks of two streams never merge.
-    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let o = TestOrder::complete();
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
     let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
