@@ -4,7 +4,7 @@
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
 //!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle]
-//!             [--replays R] [--resident] [--json]
+//!             [--replays R] [--resident] [--stream-per-replay] [--json]
 //! ```
 //!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). With `--streams N` op `k` of the
@@ -18,8 +18,11 @@
 //! (what is live at the end of a replay is freed before the next: the model unloaded and
 //! loaded again); with `--resident` what the first replay leaves live (the weights, a
 //! training run's optimizer state) stays allocated and later replays skip it, as a server or
-//! a training loop running the model again does. The figures are those of the last replay,
-//! peaks over all.
+//! a training loop running the model again does. With `--stream-per-replay` replay `r` runs
+//! all its ops on stream `r mod N` instead of spreading them over the streams (a server that
+//! runs each request on one stream and the requests on its streams in turn); the frees of
+//! one replay are reused by the next through the opportunistic rule once they have completed.
+//! The figures are those of the last replay, peaks over all.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,12 +44,13 @@ struct Args {
     recycle: bool,
     replays: usize,
     resident: bool,
+    stream_per_replay: bool,
     json: bool,
 }
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
 [--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--json]";
+[--replays R] [--resident] [--stream-per-replay] [--json]";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
@@ -74,6 +78,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         recycle: true,
         replays: 1,
         resident: false,
+        stream_per_replay: false,
         json: false,
     };
     let mut trace = None;
@@ -107,6 +112,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 }
             }
             "--resident" => a.resident = true,
+            "--stream-per-replay" => a.stream_per_replay = true,
             "--json" => a.json = true,
             "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
@@ -164,7 +170,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for r in 1..args.replays {
         let mut hand_offs = 0;
         let skip = (args.resident && r > 1).then_some(&resident[..]);
-        let handles = replay_once(args, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+        let handles =
+            replay_once(args, r - 1, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
         if args.resident && r == 1 {
             resident = handles;
         }
@@ -174,7 +181,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut hand_offs = 0u64;
     let start = Instant::now();
     let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
-    let handles = replay_once(args, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+    let last = args.replays - 1;
+    let handles = replay_once(args, last, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
     let elapsed = start.elapsed();
     let mut stats = pool.stats();
     stats.map_calls -= pool_before.map_calls;
@@ -192,10 +200,12 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     print_report(args, &trace, &pool, n, elapsed, &stats, hand_offs, &calls_before, &sim_after)
 }
 
-/// One replay of `trace` on `pool`; returns the allocations still live at its end. The
-/// slots that are `Some` in `resident` (kept from an earlier replay) are skipped.
+/// Replay number `replay` of `trace` on `pool`; returns the allocations still live at its
+/// end. The slots that are `Some` in `resident` (kept from an earlier replay) are skipped.
+#[allow(clippy::too_many_arguments)]
 fn replay_once<'s, 'd>(
     args: &Args,
+    replay: usize,
     trace: &Trace,
     dev: &soma::Device,
     pool: &'s MemPool<'d>,
@@ -208,7 +218,7 @@ fn replay_once<'s, 'd>(
     handles.resize_with(trace.slots, || None);
     let mut owner: Vec<u32> = vec![0; trace.slots];
     for (k, op) in trace.ops.iter().enumerate() {
-        let s = k % n;
+        let s = if args.stream_per_replay { replay % n } else { k % n };
         let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
         if resident.is_some_and(|r| r[slot as usize].is_some()) {
             continue;
@@ -280,12 +290,13 @@ fn print_report(
     println!("trace                 {} ({})", trace.name, args.trace.display());
     println!(
         "pool                  alignment {} B, max size {:.0} MiB, release threshold {:.0} MiB, \
-         recycle on growth {}, {} stream(s), {} shard(s), replay {} of {}{}",
+         recycle on growth {}, {} stream(s){}, {} shard(s), replay {} of {}{}",
         pool.alignment(),
         mib(pool.max_size()),
         mib(pool.get::<soma::attr::ReleaseThreshold>()?),
         if args.recycle { "on" } else { "off" },
         n,
+        if args.stream_per_replay && n > 1 { " (one per replay, in turn)" } else { "" },
         args.shards,
         args.replays,
         args.replays,
@@ -348,6 +359,7 @@ mod tests {
                 "--shards",
                 "2",
                 "--resident",
+                "--stream-per-replay",
             ]
             .map(String::from)
             .into_iter(),
@@ -355,6 +367,7 @@ mod tests {
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
         assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
+        assert!(a.stream_per_replay);
         assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());
