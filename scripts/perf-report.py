@@ -205,6 +205,16 @@ RERUN_MODES = [
     ("resident", ["--replays", str(RERUNS), "--resident"]),
     ("from_empty", ["--replays", str(RERUNS)]),
     ("from_empty_retain", ["--replays", str(RERUNS), "--no-recycle"]),
+    ("resident_streams", ["--replays", str(RERUNS), "--resident", "--streams", "4",
+                          "--stream-per-replay"]),
+    ("from_empty_streams", ["--replays", str(RERUNS), "--streams", "4", "--stream-per-replay"]),
+]
+# The rerun modes with a fragmentation verdict, and their labels.
+RERUN_VERDICTS = [
+    ("resident", "resident"),
+    ("from_empty", "from empty"),
+    ("resident_streams", "resident, 4 streams in turn"),
+    ("from_empty_streams", "from empty, 4 streams in turn"),
 ]
 
 
@@ -516,16 +526,20 @@ def section(target, crit, cmd_note):
     rr = load_json(target, "replay-reruns")
     if rr:
         w("")
-        w(f"Runs repeated on one pool (`soma-replay --replays {RERUNS}`, one stream, default "
-          "pool): *resident* keeps what the trace leaves live (weights, a training run's "
+        w(f"Runs repeated on one pool (`soma-replay --replays {RERUNS}`, default pool, one stream unless "
+          "said): *resident* keeps what the trace leaves live (weights, a training run's "
           "optimizer state) and repeats the rest — a server or a training loop (`--resident`); "
           "*from empty* frees everything between runs — a model unloaded and loaded again; "
-          "*retain* the same without recycling (`--no-recycle`). Fragmentation = peak reserved "
+          "*retain* the same without recycling (`--no-recycle`); *4 streams in turn* runs each "
+          "run on one stream, the next on the next of 4 (`--streams 4 --stream-per-replay`: a "
+          "server running its requests on its streams in turn; a run reuses the frees of the "
+          "runs before it by the opportunistic rule). Fragmentation = peak reserved "
           "/ peak used over all runs; map / unmap calls of the last run (once: of the only "
           "run). Traces of `SOMA_EXTRA_TRACES` as well when it was set.")
         w("")
-        w("| trace | once | resident | from empty | from empty, retain |")
-        w("|---|---:|---:|---:|---:|")
+        w("| trace | once | resident | from empty | from empty, retain | "
+          "resident, 4 streams in turn | from empty, 4 streams in turn |")
+        w("|---|---:|---:|---:|---:|---:|---:|")
         worst = {}
         for row in rr:
             cells = []
@@ -535,11 +549,11 @@ def section(target, crit, cmd_note):
                     cells.append("—")
                     continue
                 cells.append(f"{d['fragmentation']:.3f} ({d['map_calls']} / {d['unmap_calls']})")
-                if mode != "from_empty_retain":
+                if mode in dict(RERUN_VERDICTS):
                     worst[mode] = max(worst.get(mode, (0, "")), (d["fragmentation"], row["trace"]))
             w(f"| {row['trace']} | " + " | ".join(cells) + " |")
         w("")
-        for mode, label in (("resident", "resident"), ("from_empty", "from empty")):
+        for mode, label in RERUN_VERDICTS:
             if mode in worst:
                 f, t = worst[mode]
                 w(f"- Fragmentation ≤ 1.05 over {RERUNS} runs, {label}: {verdict(f <= 1.05)} "
