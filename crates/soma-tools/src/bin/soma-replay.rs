@@ -7,8 +7,10 @@
 //!             [--replays R] [--resident] [--stream-per-replay] [--json]
 //! ```
 //!
-//! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). With `--streams N` op `k` of the
-//! trace runs on stream `k mod N`: an allocation is made there, and a free on another stream
+//! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). Without `--streams` the trace's
+//! `stream` column decides: each distinct value is a stream of its own (the shared traces
+//! name one; a pool's `history_trace_csv` names the streams it saw), and an op runs on its
+//! recorded stream. With `--streams N` op `k` of the trace runs on stream `k mod N` instead: an allocation is made there, and a free on another stream
 //! than the allocation's first hands the allocation off (an event recorded on its stream,
 //! waited on by the freeing stream), so frees cross streams in stream order and their blocks
 //! are reused across streams through those events. `--sync-every K` synchronizes the device
@@ -37,7 +39,8 @@ struct Args {
     alignment: Option<u64>,
     max_size: Option<u64>,
     release_threshold: Option<u64>,
-    streams: usize,
+    /// `--streams`; `None`: the trace's recorded streams.
+    streams: Option<usize>,
     shards: usize,
     sync_every: usize,
     capacity: u64,
@@ -71,7 +74,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         alignment: None,
         max_size: None,
         release_threshold: None,
-        streams: 1,
+        streams: None,
         shards: 1,
         sync_every: 0,
         capacity: 64 << 30,
@@ -92,8 +95,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--capacity" => a.capacity = parse_size(&value("--capacity")?)?,
             "--streams" => {
-                a.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?;
-                if a.streams == 0 {
+                let n = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?;
+                a.streams = Some(n);
+                if n == 0 {
                     return Err("--streams must be at least 1".into());
                 }
             }
@@ -124,6 +128,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         }
     }
     a.trace = trace.ok_or_else(|| USAGE.to_string())?;
+    if a.stream_per_replay && a.streams.is_none() {
+        return Err("--stream-per-replay needs --streams N".into());
+    }
     Ok(a)
 }
 
@@ -148,8 +155,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let trace = Trace::load(&args.trace)?;
     let npu = soma::sim::Npu::builder().capacity(args.capacity).build()?;
     let dev = npu.device(0)?;
-    let streams: Vec<Stream<'_>> =
-        (0..args.streams).map(|_| dev.create_stream()).collect::<Result<_, _>>()?;
+    let (recorded, count) = recorded_streams(&trace.streams);
+    let n = args.streams.unwrap_or(count);
+    let streams: Vec<Stream<'_>> = (0..n).map(|_| dev.create_stream()).collect::<Result<_, _>>()?;
+    // The stream of op `k` in replay `r`.
+    let stream_of = |r: usize, k: usize| match args.streams {
+        None => recorded[k],
+        Some(_) if args.stream_per_replay => r % n,
+        Some(_) => k % n,
+    };
     let mut builder = MemPool::builder();
     if let Some(v) = args.alignment {
         builder = builder.alignment(v);
@@ -162,7 +176,6 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let pool = builder.recycle_on_growth(args.recycle).stream_shards(args.shards).build(&dev)?;
     let sim = npu.sim_device(0)?;
-    let n = streams.len();
     // With `--resident`, what the first replay leaves live stays allocated and later replays
     // skip those slots: the run repeated with its weights (and a training run's optimizer
     // state) kept, as a server or a training loop does.
@@ -170,8 +183,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for r in 1..args.replays {
         let mut hand_offs = 0;
         let skip = (args.resident && r > 1).then_some(&resident[..]);
-        let handles =
-            replay_once(args, r - 1, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+        let on = |k| stream_of(r - 1, k);
+        let handles = replay_once(args, &on, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
         if args.resident && r == 1 {
             resident = handles;
         }
@@ -181,8 +194,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut hand_offs = 0u64;
     let start = Instant::now();
     let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
-    let last = args.replays - 1;
-    let handles = replay_once(args, last, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+    let on = |k| stream_of(args.replays - 1, k);
+    let handles = replay_once(args, &on, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
     let elapsed = start.elapsed();
     let mut stats = pool.stats();
     stats.map_calls -= pool_before.map_calls;
@@ -200,12 +213,29 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     print_report(args, &trace, &pool, n, elapsed, &stats, hand_offs, &calls_before, &sim_after)
 }
 
-/// Replay number `replay` of `trace` on `pool`; returns the allocations still live at its
-/// end. The slots that are `Some` in `resident` (kept from an earlier replay) are skipped.
+/// The index among the trace's distinct stream values (in order of first appearance) of
+/// each op's recorded stream, and how many there are (at least 1).
+fn recorded_streams(column: &[u32]) -> (Vec<usize>, usize) {
+    let mut seen: Vec<u32> = Vec::new();
+    let index = column
+        .iter()
+        .map(|s| {
+            seen.iter().position(|x| x == s).unwrap_or_else(|| {
+                seen.push(*s);
+                seen.len() - 1
+            })
+        })
+        .collect();
+    (index, seen.len().max(1))
+}
+
+/// One replay of `trace` on `pool`, op `k` on `streams[stream_of(k)]`; returns the
+/// allocations still live at its end. The slots that are `Some` in `resident` (kept from an
+/// earlier replay) are skipped.
 #[allow(clippy::too_many_arguments)]
 fn replay_once<'s, 'd>(
     args: &Args,
-    replay: usize,
+    stream_of: &dyn Fn(usize) -> usize,
     trace: &Trace,
     dev: &soma::Device,
     pool: &'s MemPool<'d>,
@@ -213,12 +243,11 @@ fn replay_once<'s, 'd>(
     resident: Option<&[Option<PoolAlloc<'s, u8>>]>,
     hand_offs: &mut u64,
 ) -> Result<Vec<Option<PoolAlloc<'s, u8>>>, Box<dyn std::error::Error>> {
-    let n = streams.len();
     let mut handles: Vec<Option<PoolAlloc<'_, u8>>> = Vec::with_capacity(trace.slots);
     handles.resize_with(trace.slots, || None);
     let mut owner: Vec<u32> = vec![0; trace.slots];
     for (k, op) in trace.ops.iter().enumerate() {
-        let s = if args.stream_per_replay { replay % n } else { k % n };
+        let s = stream_of(k);
         let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
         if resident.is_some_and(|r| r[slot as usize].is_some()) {
             continue;
@@ -365,11 +394,20 @@ mod tests {
             .into_iter(),
         )
         .unwrap();
-        assert_eq!((a.streams, a.max_size, a.json), (4, Some(1 << 30), true));
+        assert_eq!((a.streams, a.max_size, a.json), (Some(4), Some(1 << 30), true));
         assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
         assert!(a.stream_per_replay);
         assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());
+        assert!(parse_args(["t", "--stream-per-replay"].map(String::from).into_iter()).is_err());
+        assert_eq!(parse_args(std::iter::once("t".to_string())).unwrap().streams, None);
+    }
+
+    #[test]
+    fn recorded_streams_are_numbered_in_order_of_first_appearance() {
+        assert_eq!(recorded_streams(&[7, 7, 3, 7, 9, 3]), (vec![0, 0, 1, 0, 2, 1], 3));
+        assert_eq!(recorded_streams(&[0, 0]), (vec![0, 0], 1));
+        assert_eq!(recorded_streams(&[]), (vec![], 1));
     }
 }

@@ -1,0 +1,75 @@
+//! `soma-replay` end to end: which streams a trace's ops run on.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A trace on two recorded streams (0 and 5) in which both allocations made before the
+/// frees are freed on the other stream.
+const TWO_STREAMS: &str = "op,id,bytes,stream\n\
+a,0,3000000,0\n\
+a,1,1000000,5\n\
+f,0,0,5\n\
+a,2,2000000,5\n\
+f,1,0,0\n\
+f,2,0,5\n";
+
+fn trace_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("soma-replay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `soma-replay PATH ARGS --json`: (streams, cross-stream frees).
+fn replay(path: &PathBuf, args: &[&str]) -> (u64, u64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay"))
+        .arg(path)
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    let field = |name: &str| -> u64 {
+        let at = json.find(&format!("\"{name}\":")).unwrap() + name.len() + 3;
+        json[at..].split([',', '}']).next().unwrap().parse().unwrap()
+    };
+    (field("streams"), field("hand_offs"))
+}
+
+#[test]
+fn ops_run_on_their_recorded_streams_unless_streams_is_given() {
+    let path = trace_file("two_streams.csv", TWO_STREAMS);
+    // Recorded: ids 0 and 1 are each freed on the other stream, through a hand-off.
+    assert_eq!(replay(&path, &[]), (2, 2));
+    // `--streams 1` puts everything on one stream; `--streams 3` spreads the ops round-robin
+    // (op k on stream k mod 3: ids 0 and 2, allocated on stream 0, are freed on stream 2; id 1
+    // on stream 1, where it was allocated).
+    assert_eq!(replay(&path, &["--streams", "1"]), (1, 0));
+    assert_eq!(replay(&path, &["--streams", "3"]), (3, 2));
+}
+
+#[test]
+fn stream_per_replay_runs_each_replay_on_the_next_stream() {
+    let path = trace_file("one_stream.csv", &TWO_STREAMS.replace(",5\n", ",0\n"));
+    // The last of three replays runs on the third stream, so it reuses the blocks the second
+    // one freed on another stream (their frees have completed: the opportunistic rule); all
+    // on one stream, every reuse is a same-stream one.
+    let opportunistic = |args: &[&str]| -> u64 {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg(&path).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let at = text.find("opportunistic ").unwrap() + "opportunistic ".len();
+        text[at..].split(',').next().unwrap().parse().unwrap()
+    };
+    assert!(opportunistic(&["--streams", "3", "--replays", "3", "--stream-per-replay"]) > 0);
+    assert_eq!(opportunistic(&["--streams", "1", "--replays", "3"]), 0);
+    assert_eq!(replay(&path, &["--streams", "3", "--replays", "3", "--stream-per-replay"]), (3, 0));
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay"))
+        .args([path.to_str().unwrap(), "--stream-per-replay"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "--stream-per-replay without --streams is refused");
+}
