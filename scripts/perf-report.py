@@ -208,6 +208,10 @@ RERUN_MODES = [
     ("resident_streams", ["--replays", str(RERUNS), "--resident", "--streams", "4",
                           "--stream-per-replay"]),
     ("from_empty_streams", ["--replays", str(RERUNS), "--streams", "4", "--stream-per-replay"]),
+    ("resident_streams_sync", ["--replays", str(RERUNS), "--resident", "--streams", "4",
+                               "--stream-per-replay", "--sync-per-replay"]),
+    ("from_empty_streams_sync", ["--replays", str(RERUNS), "--streams", "4",
+                                 "--stream-per-replay", "--sync-per-replay"]),
 ]
 # The rerun modes with a fragmentation verdict, and their labels.
 RERUN_VERDICTS = [
@@ -215,6 +219,8 @@ RERUN_VERDICTS = [
     ("from_empty", "from empty"),
     ("resident_streams", "resident, 4 streams in turn"),
     ("from_empty_streams", "from empty, 4 streams in turn"),
+    ("resident_streams_sync", "resident, 4 streams in turn, synchronized"),
+    ("from_empty_streams_sync", "from empty, 4 streams in turn, synchronized"),
 ]
 
 
@@ -533,13 +539,18 @@ def section(target, crit, cmd_note):
           "*retain* the same without recycling (`--no-recycle`); *4 streams in turn* runs each "
           "run on one stream, the next on the next of 4 (`--streams 4 --stream-per-replay`: a "
           "server running its requests on its streams in turn; a run reuses the frees of the "
-          "runs before it by the opportunistic rule). Fragmentation = peak reserved "
+          "runs before it by the opportunistic rule); *synchronized* adds a device synchronize "
+          "after each run's ops (`--sync-per-replay`: a server that waits for each request's "
+          "results; the pool then settles the frees the host has observed, so they merge "
+          "whatever their stream). Fragmentation = peak reserved "
           "/ peak used over all runs; map / unmap calls of the last run (once: of the only "
           "run). Traces of `SOMA_EXTRA_TRACES` as well when it was set.")
         w("")
         w("| trace | once | resident | from empty | from empty, retain | "
-          "resident, 4 streams in turn | from empty, 4 streams in turn |")
-        w("|---|---:|---:|---:|---:|---:|---:|")
+          "resident, 4 streams in turn | from empty, 4 streams in turn | "
+          "resident, 4 streams in turn, synchronized | "
+          "from empty, 4 streams in turn, synchronized |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         worst = {}
         for row in rr:
             cells = []

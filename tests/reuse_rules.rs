@@ -190,6 +190,38 @@ fn a_synchronized_free_is_reusable_by_every_stream() {
     assert_eq!(pool.stats().reuses.host_synchronized, 1);
 }
 
+/// Two streams free the two halves of a granule; a third asks for the whole granule.
+/// Returns whether it got the halves' memory, and the pool's map calls for it.
+fn whole_granule_after_two_streams_free_its_halves(synchronize: bool) -> (bool, u64) {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2, s3) =
+        (dev.create_stream().unwrap(), dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    let low = a.device_ptr().min(b.device_ptr());
+    assert_eq!(a.device_ptr().addr().abs_diff(b.device_ptr().addr()), MIB as u64);
+    drop(a);
+    drop(b);
+    if synchronize {
+        dev.synchronize().unwrap();
+    }
+    let maps = pool.stats().map_calls;
+    let c = pool.alloc_async::<u8>(2 * MIB, &s3).unwrap();
+    (c.device_ptr() == low, pool.stats().map_calls - maps)
+}
+
+#[test]
+fn synchronized_frees_of_different_streams_merge() {
+    // Free blocks of different streams never merge while their frees are pending (each
+    // keeps its stream's ordering), so the third stream maps fresh memory ...
+    assert_eq!(whole_granule_after_two_streams_free_its_halves(false), (false, 1));
+    // ... but once the host has observed both frees they settle into one block that any
+    // stream may use.
+    assert_eq!(whole_granule_after_two_streams_free_its_halves(true), (true, 0));
+}
+
 #[test]
 fn a_dropped_stream_leaves_its_cache_to_the_others() {
     let npu = npu();

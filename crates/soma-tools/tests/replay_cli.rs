@@ -53,20 +53,27 @@ fn ops_run_on_their_recorded_streams_unless_streams_is_given() {
 #[test]
 fn stream_per_replay_runs_each_replay_on_the_next_stream() {
     let path = trace_file("one_stream.csv", &TWO_STREAMS.replace(",5\n", ",0\n"));
-    // The last of three replays runs on the third stream, so it reuses the blocks the second
-    // one freed on another stream (their frees have completed: the opportunistic rule); all
-    // on one stream, every reuse is a same-stream one.
-    let opportunistic = |args: &[&str]| -> u64 {
+    // The reuses of the last replay under `rule` (as `soma-replay` prints them).
+    let reuses = |args: &[&str], rule: &str| -> u64 {
         let out =
             Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg(&path).args(args).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8(out.stdout).unwrap();
-        let at = text.find("opportunistic ").unwrap() + "opportunistic ".len();
-        text[at..].split(',').next().unwrap().parse().unwrap()
+        let at = text.find(&format!("{rule} ")).unwrap() + rule.len() + 1;
+        text[at..].split([',', ')']).next().unwrap().parse().unwrap()
     };
-    assert!(opportunistic(&["--streams", "3", "--replays", "3", "--stream-per-replay"]) > 0);
-    assert_eq!(opportunistic(&["--streams", "1", "--replays", "3"]), 0);
-    assert_eq!(replay(&path, &["--streams", "3", "--replays", "3", "--stream-per-replay"]), (3, 0));
+    // The last of three replays runs on the third stream, so it reuses the blocks the second
+    // one freed on another stream: their frees have completed (the opportunistic rule), or,
+    // with a synchronisation after each replay, the host has observed them. All on one
+    // stream, every reuse is a same-stream one.
+    let in_turn = ["--streams", "3", "--replays", "3", "--stream-per-replay"];
+    assert!(reuses(&in_turn, "opportunistic") > 0);
+    assert_eq!(reuses(&in_turn, "host sync"), 0);
+    let synchronized = [&in_turn[..], &["--sync-per-replay"]].concat();
+    assert!(reuses(&synchronized, "host sync") > 0);
+    assert_eq!(reuses(&synchronized, "opportunistic"), 0);
+    assert_eq!(reuses(&["--streams", "1", "--replays", "3"], "opportunistic"), 0);
+    assert_eq!(replay(&path, &in_turn), (3, 0));
     let out = Command::new(env!("CARGO_BIN_EXE_soma-replay"))
         .args([path.to_str().unwrap(), "--stream-per-replay"])
         .output()

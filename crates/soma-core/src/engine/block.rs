@@ -45,14 +45,23 @@ pub(super) struct Block {
     /// Bumped whenever the record becomes live or vacant, so stale `BlockId`s never match.
     pub generation: u32,
     pub kind: Kind,
-    /// Free blocks only: carries a `FreeTag` (`stream`, `pos`); untagged = never used.
+    /// Free blocks only: carries a `FreeTag` (`stream`, `pos`); untagged = never used, or
+    /// `settled`.
     pub tagged: bool,
+    /// Untagged free blocks only: memory that was used and whose free the host has observed
+    /// since ([`Engine::settle`](super::Engine::settle)). Every stream may use it as memory
+    /// never used; `stream` keeps the stream that freed it, or [`SETTLED_BY_SEVERAL`] (a
+    /// reuse by that stream counts as same-stream, any other as host-synchronized).
+    pub settled: bool,
     /// Live blocks only: log2 of the alignment the block was allocated with.
     pub align_log2: u8,
     /// Indexed free blocks only: the linear size class (`fl * SL + sl`) whose list holds the
     /// block — its own class or the one just below (see `tlsf.rs`).
     pub cls: u16,
 }
+
+/// `Block::stream` of a settled block merged from the frees of more than one stream.
+pub(super) const SETTLED_BY_SEVERAL: u32 = u32::MAX;
 
 impl Block {
     /// One past the last byte.
@@ -74,6 +83,7 @@ impl Block {
             generation: 0,
             kind: Kind::Vacant,
             tagged: false,
+            settled: false,
             align_log2: 0,
             cls: 0,
         }

@@ -153,6 +153,7 @@ impl Engine {
             let b = self.slab.blocks[base as usize];
             let f = &mut self.slab.blocks[used as usize];
             f.tagged = b.tagged;
+            f.settled = b.settled;
             f.stream = b.stream;
             f.pos = b.pos;
             self.slab.absorb_next(used, base);
@@ -336,6 +337,7 @@ impl Engine {
         let m = &mut self.slab.blocks[mid as usize];
         m.kind = Kind::Free;
         m.tagged = false;
+        m.settled = false;
         m.stream = 0;
         m.pos = 0;
         let g = self.cfg.granularity;
@@ -677,6 +679,7 @@ impl Engine {
             let b = &mut self.slab.blocks[idx as usize];
             b.kind = Kind::Unmapped;
             b.tagged = false;
+            b.settled = false;
             b.stream = 0;
             b.pos = 0;
             if b.end() == end {

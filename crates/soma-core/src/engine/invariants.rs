@@ -80,6 +80,10 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 _ => mapped_runs.push((b.offset, b.end())),
             }
         }
+        ensure!(
+            !b.settled || (b.kind == Kind::Free && !b.tagged),
+            "block {cur} is settled but not an untagged free block"
+        );
         if prev != NIL {
             let p = &blocks[prev as usize];
             ensure!(

@@ -10,7 +10,7 @@
 //!
 //! * **Blocks** (`block.rs`): a slab of ≤ 64-byte records (56 bytes today) in one address-order
 //!   list covering the whole range: `Live`, `Free` (tagged with a [`FreeTag`], or untagged =
-//!   never used) and `Unmapped` blocks. Free neighbours coalesce when they carry the same
+//!   never used or *settled*, see below) and `Unmapped` blocks. Free neighbours coalesce when they carry the same
 //!   stream (the result keeps the larger `pos`) or when one is untagged (the result takes the
 //!   tag); blocks of different streams never merge, nothing merges across unmapped space.
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
@@ -110,6 +110,14 @@
 //! 3.6 allocations, up to 256 MiB about one per 1.2 (recycling from the largest free blocks
 //! as well, before the smallest-first order, took 3.5–4× as many). [`Engine::set_recycle_on_growth`]`(false)` turns it off: growth only maps, the
 //! pool converges to what the workload needs and then makes no driver calls.
+//!
+//! **Settling.** [`Engine::settle`] (the pool calls it after every host synchronisation)
+//! untags the free blocks whose frees the host has observed and merges them with their free
+//! neighbours of any stream: every stream may use that memory under any policy, and without
+//! it memory freed by several streams stays in per-stream pieces. A settled block remembers
+//! the stream that freed it, for the reuse statistics only. Runs of a trace on four streams in
+//! turn with a synchronisation between them then place within 0.5 % of runs on one stream
+//! (`tests/traces.rs`, `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
 //!
 //! **Packing.** Recycling leaves unmapped holes between mapped segments. When the engine
 //! has emptied (nothing live) and segments were unmapped since it last packed, its next
@@ -247,6 +255,11 @@ impl ReuseKind {
         self as usize
     }
 }
+
+/// `Engine::solo_freer` before any free since the last settle.
+const NO_FREER: StreamSlot = StreamSlot::MAX;
+/// `Engine::solo_freer` once frees of two streams followed the last settle.
+const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
 
 /// Blocks examined in the request's own size class before the good-fit search (finds the
 /// block the requesting stream just freed, which TLSF's round-up would miss).
@@ -482,7 +495,8 @@ pub struct EngineStats {
 pub enum BlockState {
     /// Handed out.
     Live,
-    /// Mapped and free; `None`: never used, reusable by any stream.
+    /// Mapped and free; `None`: never used, or freed and since host-observed (settled, see
+    /// [`Engine::settle`]): reusable by any stream.
     Free(Option<FreeTag>),
     /// Not backed by physical memory.
     Unmapped,
@@ -581,6 +595,12 @@ pub struct Engine {
     pack_wanted: bool,
     /// Try rule 4 before growth (see [`Engine::set_dependency_before_growth`]).
     dependency_first: bool,
+    /// Per free index (`[s + 1]` for stream slot `s`): the host-observed bound and the
+    /// index's insert count when [`Engine::settle`] last looked at it.
+    settled_below: Vec<(u64, u64)>,
+    /// The only stream that freed since the last [`Engine::settle`], [`NO_FREER`] or
+    /// [`SEVERAL_FREERS`] (see `Engine::coalescable`).
+    solo_freer: StreamSlot,
 }
 
 impl std::fmt::Debug for Engine {
@@ -678,6 +698,8 @@ impl Engine {
             recycle_on_growth: true,
             pack_wanted: false,
             dependency_first: false,
+            settled_below: Vec::new(),
+            solo_freer: NO_FREER,
         })
     }
 
@@ -925,6 +947,12 @@ impl Engine {
         let (offset, size) = (b.offset, b.size);
         b.kind = Kind::Free;
         b.tagged = true;
+        b.settled = false;
+        self.solo_freer = match self.solo_freer {
+            NO_FREER => tag.stream,
+            s if s == tag.stream => s,
+            _ => SEVERAL_FREERS,
+        };
         b.stream = tag.stream;
         b.pos = tag.pos;
         if let Some(map) = &mut self.live_index {
@@ -935,6 +963,69 @@ impl Engine {
         self.stats.frees += 1;
         self.insert_free_coalesce(idx);
         Ok(())
+    }
+
+    /// Settles the frees the host has observed: every free block of a stream `s` freed below
+    /// `order.eligibility(s).host_observed` becomes untagged (*settled*) and merges
+    /// with its free neighbours, whatever their stream. Every stream may use such memory
+    /// under any policy (its free completed and the host knows it), so it no longer needs to
+    /// stay apart from the free blocks of other streams; without this, memory freed by
+    /// several streams stays cut into per-stream pieces until it is reused. A settled block
+    /// that merges with a neighbour still tagged takes that neighbour's tag (the merge is as
+    /// safe as the neighbour).
+    ///
+    /// Called after host synchronisations; a stream whose observed bound did not move and
+    /// whose index took no block since the last call is skipped.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(free blocks of the streams whose bound moved): each free is settled at most once,
+    /// blocks freed after the observation are looked at again at the next call.
+    pub fn settle(&mut self, order: &dyn StreamOrder) {
+        self.solo_freer = NO_FREER;
+        let mut due: SmallVec<[u32; 16]> = SmallVec::new();
+        for slot in 1..self.indexes.len() {
+            let Some(ix) = self.indexes[slot].as_deref() else { continue };
+            let stream = (slot - 1) as StreamSlot;
+            let bound = order.eligibility(stream).host_observed;
+            let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
+            if ix.count == 0 || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
+                continue;
+            }
+            due.clear();
+            let mut cls = 0;
+            while let Some((fl, sl)) = ix.first_at_or_above(cls / tlsf::SL, cls % tlsf::SL) {
+                let mut cur = ix.head(fl, sl);
+                while cur != NIL {
+                    let b = &self.slab.blocks[cur as usize];
+                    if b.pos < bound {
+                        due.push(cur);
+                    }
+                    cur = b.next_free;
+                }
+                cls = fl * tlsf::SL + sl + 1;
+            }
+            for &idx in &due {
+                // An earlier block of the list may have merged this one into itself.
+                let b = &self.slab.blocks[idx as usize];
+                if b.kind != Kind::Free || !b.tagged || b.stream != stream || b.pos >= bound {
+                    continue;
+                }
+                self.remove_free(idx);
+                let b = &mut self.slab.blocks[idx as usize];
+                b.tagged = false;
+                b.settled = true;
+                b.pos = 0;
+                self.insert_free_coalesce(idx);
+            }
+            // Settling never inserts into the index it settles (a stream's free blocks are
+            // never adjacent), so this is the count it leaves.
+            let inserts = self.indexes[slot].as_deref().map_or(0, |ix| ix.inserts);
+            if self.settled_below.len() <= slot {
+                self.settled_below.resize(slot + 1, (0, 0));
+            }
+            self.settled_below[slot] = (bound, inserts);
+        }
     }
 
     /// Counts `n` frees, each followed by an allocation of the same block on the same

@@ -2,7 +2,7 @@
 
 use smallvec::SmallVec;
 
-use super::block::{Block, Kind, NIL};
+use super::block::{Block, Kind, NIL, SETTLED_BY_SEVERAL};
 use super::tlsf::{class_at_least, class_floor_bytes, class_index, FreeIndex, SL};
 use super::{
     align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees, ReuseKind,
@@ -39,10 +39,38 @@ fn bound_of(e: &Eligibility) -> u64 {
     e.host_observed.max(e.event).max(e.completed)
 }
 
-/// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
+/// Whether free blocks `a` and `b` always merge: one of them never used, both untagged (never
+/// used or settled), or the same stream. A settled block and another stream's tagged block
+/// merge only while that stream is the only one freeing (see [`Engine::coalescable`]).
 #[inline]
 fn mergeable(a: &Block, b: &Block) -> bool {
-    a.kind == Kind::Free && b.kind == Kind::Free && (!a.tagged || !b.tagged || a.stream == b.stream)
+    let never_used = |x: &Block| !x.tagged && !x.settled;
+    a.kind == Kind::Free
+        && b.kind == Kind::Free
+        && (never_used(a) || never_used(b) || a.stream == b.stream || !a.tagged && !b.tagged)
+}
+
+/// The `stream` of the merge of untagged block `b` with settled block `o`: `o`'s, unless
+/// `b` is settled by another stream.
+#[inline]
+fn settled_stream(b: &Block, o: &Block) -> StreamSlot {
+    if !b.settled || b.stream == o.stream {
+        o.stream
+    } else {
+        SETTLED_BY_SEVERAL
+    }
+}
+
+/// The reuse rule of an allocation from untagged free block `b` by `stream`: `None` (fresh)
+/// for memory never used; for settled memory a same-stream reuse by the stream that freed
+/// it, else a host-synchronized one (its free was host-observed).
+#[inline]
+fn untagged_kind(b: &Block, stream: StreamSlot) -> Option<ReuseKind> {
+    b.settled.then_some(if b.stream == stream {
+        ReuseKind::SameStream
+    } else {
+        ReuseKind::HostSynchronized
+    })
 }
 
 /// Whether `size` bytes aligned to `align` fit in block `b`.
@@ -80,8 +108,26 @@ impl Engine {
         mergeable(&self.slab.blocks[a as usize], &self.slab.blocks[b as usize])
     }
 
+    /// Whether free blocks `a` and `b` merge now: when they always do ([`mergeable`]), and
+    /// also a settled block with a tagged block of the stream that is the only one to have
+    /// freed since the last settle (`solo_freer`). While one stream runs alone (a server's
+    /// request on its stream), its frees then coalesce with the settled memory around them as
+    /// on one stream; while several free, settled memory stays apart, because merged into one
+    /// stream's block it would wait for that stream's latest free before the others could
+    /// use it again.
+    #[inline]
+    pub(super) fn coalescable(&self, a: &Block, b: &Block) -> bool {
+        let settled_with_solo = |s: &Block, t: &Block| {
+            !s.tagged && s.settled && t.tagged && t.stream == self.solo_freer
+        };
+        mergeable(a, b)
+            || a.kind == Kind::Free
+                && b.kind == Kind::Free
+                && (settled_with_solo(a, b) || settled_with_solo(b, a))
+    }
+
     /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
-    /// untagged takes the other's tag).
+    /// untagged takes the other's tag; two untagged blocks are settled if either is).
     #[inline]
     fn combine_tag(&mut self, into: u32, other: u32) {
         let o = self.slab.blocks[other as usize];
@@ -92,9 +138,13 @@ impl Engine {
                 b.pos = b.pos.max(o.pos);
             } else {
                 b.tagged = true;
+                b.settled = false;
                 b.stream = o.stream;
                 b.pos = o.pos;
             }
+        } else if !b.tagged && o.settled {
+            b.stream = settled_stream(b, &o);
+            b.settled = true;
         }
     }
 
@@ -108,12 +158,28 @@ impl Engine {
         let blocks = &self.slab.blocks;
         let b = &blocks[idx as usize];
         let (p, n) = (b.prev, b.next);
-        let merge_p = p != NIL && mergeable(&blocks[p as usize], b);
+        let merge_p = p != NIL && self.coalescable(&blocks[p as usize], b);
         // An untagged block between free blocks of two streams merges with one of them only
         // (blocks of different streams never merge).
         let merge_n = n != NIL
-            && mergeable(b, &blocks[n as usize])
-            && (!merge_p || mergeable(&blocks[p as usize], &blocks[n as usize]));
+            && self.coalescable(b, &blocks[n as usize])
+            && (!merge_p || self.coalescable(&blocks[p as usize], &blocks[n as usize]));
+        // A settled block merged into a tagged one gives it the tagged block's stream, with
+        // which the block beyond it may merge now (see `Engine::coalescable`): look again.
+        let settled_in = b.settled
+            || merge_p && blocks[p as usize].settled
+            || merge_n && blocks[n as usize].settled;
+        let r = self.merge_neighbours(idx, p, n, merge_p, merge_n);
+        if settled_in && self.slab.blocks[r as usize].tagged {
+            self.remove_free(r);
+            return self.insert_free_coalesce(r);
+        }
+        r
+    }
+
+    /// The merges [`Engine::insert_free_coalesce`] decided, and the indexing of the result.
+    #[inline]
+    fn merge_neighbours(&mut self, idx: u32, p: u32, n: u32, merge_p: bool, merge_n: bool) -> u32 {
         if merge_p != merge_n {
             if let Some(r) = self.coalesce_in_place(idx, p, n, merge_p) {
                 return r;
@@ -181,11 +247,16 @@ impl Engine {
             return None;
         }
         let added = merged - ib.size;
+        let o = *o;
+        let kb = &mut self.slab.blocks[keep as usize];
         if let Some((stream, pos)) = tag {
-            let kb = &mut self.slab.blocks[keep as usize];
             kb.tagged = true;
+            kb.settled = false;
             kb.stream = stream;
             kb.pos = pos;
+        } else if o.settled {
+            kb.stream = settled_stream(kb, &o);
+            kb.settled = true;
         }
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         if indexed != keep {
@@ -267,6 +338,7 @@ impl Engine {
             let m = &mut self.slab.blocks[mid as usize];
             m.kind = Kind::Live;
             m.tagged = false;
+            m.settled = false;
             m.stream = 0;
             m.pos = 0;
             m.align_log2 = align.trailing_zeros() as u8;
@@ -331,7 +403,7 @@ impl Engine {
         order: &dyn StreamOrder,
     ) -> Option<Option<ReuseKind>> {
         if !b.tagged {
-            Some(None)
+            Some(untagged_kind(b, stream))
         } else if b.stream == stream {
             Some(Some(ReuseKind::SameStream))
         } else {
@@ -453,10 +525,11 @@ impl Engine {
         } else {
             None
         };
+        let untagged = |f: u32| (f, untagged_kind(&self.slab.blocks[f as usize], stream));
         match (own, fresh) {
-            (Some(o), Some(f)) if size_of(f) < size_of(o) => return Some((f, None)),
+            (Some(o), Some(f)) if size_of(f) < size_of(o) => return Some(untagged(f)),
             (Some(o), _) => return Some((o, Some(ReuseKind::SameStream))),
-            (None, Some(f)) => return Some((f, None)),
+            (None, Some(f)) => return Some(untagged(f)),
             (None, None) => {}
         }
         let mut best: Option<(u32, u64, ReuseKind)> = None;

@@ -113,6 +113,9 @@ pub(super) struct FreeIndex {
     /// Upper bound on the `pos` of the blocks in this index (exact after the index empties:
     /// reset to 0). Lets cross-stream searches skip per-block checks when all are eligible.
     pub max_pos: u64,
+    /// Blocks inserted so far (never decreases): lets [`Engine::settle`](super::Engine)
+    /// skip an index that has not changed since it last looked.
+    pub inserts: u64,
 }
 
 impl FreeIndex {
@@ -130,6 +133,7 @@ impl FreeIndex {
             bytes: 0,
             count: 0,
             max_pos: 0,
+            inserts: 0,
         }
     }
 
@@ -171,6 +175,7 @@ impl FreeIndex {
         self.fl_bitmap |= 1 << fl;
         self.bytes += size;
         self.count += 1;
+        self.inserts += 1;
         self.max_pos = self.max_pos.max(pos);
     }
 
@@ -304,7 +309,7 @@ mod tests {
     #[test]
     fn index_size() {
         // 8 KiB of list heads + bitmaps and counters, once per stream slot that freed memory
-        assert_eq!(std::mem::size_of::<FreeIndex>(), 8480);
+        assert_eq!(std::mem::size_of::<FreeIndex>(), 8488);
     }
 
     #[test]

@@ -1040,7 +1040,9 @@ impl PoolCore {
         }
     }
 
-    /// Releases free memory down to the threshold (called after host synchronisations).
+    /// After a host synchronisation: settles the frees it made host-observed (they merge
+    /// with free neighbours of any stream, see [`Engine::settle`]), then releases free memory
+    /// down to the threshold.
     pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
         // A native pool applies its own threshold.
         if self.torn_down.load(Ordering::Acquire) || self.native.is_some() {
@@ -1049,6 +1051,7 @@ impl PoolCore {
         let threshold = self.release_threshold();
         let mut inner = self.lock();
         self.drain_passthrough(device, &mut inner);
+        inner.engine.settle(&Order { device, requester: None, reuse: 0 });
         // A shard releases what the pool as a whole holds above the threshold (the device
         // calls every shard in turn).
         let pool_reserved = self.budget.as_ref().map_or(inner.engine.reserved(), |b| b.reserved());

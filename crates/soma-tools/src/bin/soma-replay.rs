@@ -4,7 +4,7 @@
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
 //!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle]
-//!             [--replays R] [--resident] [--stream-per-replay] [--json]
+//!             [--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
 //! ```
 //!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). Without `--streams` the trace's
@@ -24,6 +24,8 @@
 //! all its ops on stream `r mod N` instead of spreading them over the streams (a server that
 //! runs each request on one stream and the requests on its streams in turn); the frees of
 //! one replay are reused by the next through the opportunistic rule once they have completed.
+//! `--sync-per-replay` synchronizes the device at the end of each replay's ops (a server
+//! that waits for each request's results), before what the replay leaves live is freed.
 //! The figures are those of the last replay, peaks over all.
 
 use std::path::PathBuf;
@@ -48,12 +50,13 @@ struct Args {
     replays: usize,
     resident: bool,
     stream_per_replay: bool,
+    sync_per_replay: bool,
     json: bool,
 }
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
 [--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--stream-per-replay] [--json]";
+[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
@@ -82,6 +85,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         replays: 1,
         resident: false,
         stream_per_replay: false,
+        sync_per_replay: false,
         json: false,
     };
     let mut trace = None;
@@ -117,6 +121,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--resident" => a.resident = true,
             "--stream-per-replay" => a.stream_per_replay = true,
+            "--sync-per-replay" => a.sync_per_replay = true,
             "--json" => a.json = true,
             "-h" | "--help" => return Err(USAGE.into()),
             s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
@@ -247,6 +252,10 @@ fn replay_once<'s, 'd>(
     handles.resize_with(trace.slots, || None);
     let mut owner: Vec<u32> = vec![0; trace.slots];
     for (k, op) in trace.ops.iter().enumerate() {
+        // After every `--sync-every` ops of the trace, the skipped ones included.
+        if args.sync_every > 0 && k > 0 && k % args.sync_every == 0 {
+            dev.synchronize()?;
+        }
         let s = stream_of(k);
         let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
         if resident.is_some_and(|r| r[slot as usize].is_some()) {
@@ -270,9 +279,10 @@ fn replay_once<'s, 'd>(
                 }
             }
         }
-        if args.sync_every > 0 && (k + 1) % args.sync_every == 0 {
-            dev.synchronize()?;
-        }
+    }
+    let ops = trace.ops.len();
+    if args.sync_per_replay || (args.sync_every > 0 && ops > 0 && ops % args.sync_every == 0) {
+        dev.synchronize()?;
     }
     Ok(handles)
 }
@@ -389,6 +399,7 @@ mod tests {
                 "2",
                 "--resident",
                 "--stream-per-replay",
+                "--sync-per-replay",
             ]
             .map(String::from)
             .into_iter(),
@@ -396,7 +407,7 @@ mod tests {
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (Some(4), Some(1 << 30), true));
         assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
-        assert!(a.stream_per_replay);
+        assert!(a.stream_per_replay && a.sync_per_replay);
         assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
         assert!(parse_args(std::iter::empty()).is_err());

@@ -113,7 +113,13 @@ struct Clock {
 /// pos`, i.e. `pos < completed + 1`.
 impl Clock {
     fn order(&self, requester: u32) -> ModelOrder {
-        ModelOrder { clock: self.clone(), requester: requester as usize }
+        ModelOrder { clock: self.clone(), requester: Some(requester as usize) }
+    }
+
+    /// The order of a call on behalf of no stream (settling, as the pool does after a host
+    /// synchronisation).
+    fn no_requester(&self) -> ModelOrder {
+        ModelOrder { clock: self.clone(), requester: None }
     }
 
     fn host_bound(&self, s: usize) -> u64 {
@@ -127,16 +133,20 @@ impl Clock {
 
 struct ModelOrder {
     clock: Clock,
-    requester: usize,
+    requester: Option<usize>,
 }
 
 impl StreamOrder for ModelOrder {
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
         let s = s as usize;
-        assert_ne!(s, self.requester, "eligibility asked for the requesting stream");
+        assert_ne!(Some(s), self.requester, "eligibility asked for the requesting stream");
+        let event = match self.requester {
+            Some(t) if self.clock.follow => self.clock.vc[t][s],
+            _ => 0,
+        };
         Eligibility {
             host_observed: self.clock.host_bound(s),
-            event: if self.clock.follow { self.clock.vc[self.requester][s] } else { 0 },
+            event,
             completed: if self.clock.opportunistic { self.clock.complete_bound(s) } else { 0 },
         }
     }
@@ -171,6 +181,9 @@ struct Model {
     clock: Clock,
     live: Vec<Live>,
     freed: Vec<Freed>,
+    /// Per stream: the host-observed bound at the last settle (frees below it may have been
+    /// settled).
+    settled_below: [u64; STREAMS],
 }
 
 impl Model {
@@ -193,6 +206,7 @@ impl Model {
             clock: Clock::default(),
             live: Vec::new(),
             freed: Vec::new(),
+            settled_below: [0; STREAMS],
         }
     }
 
@@ -277,21 +291,25 @@ impl Model {
             None => assert!(prior.is_empty(), "{a:?} reported fresh over {prior:?}"),
             Some(kind) => {
                 // (A reuse may cover never-used memory too: untagged memory that merged
-                // into a tagged block takes the tag — conservative, never unsafe.)
+                // into a tagged block takes the tag — conservative, never unsafe. So may a
+                // free that was settled, host-observed at a settle: it merges into the
+                // tagged blocks beside it, and any stream may use it.)
                 for f in &prior {
                     let s = f.tag.stream as usize;
-                    let ok = match kind {
-                        ReuseKind::SameStream => s == t,
-                        ReuseKind::HostSynchronized => f.tag.pos < c.host_bound(s),
-                        ReuseKind::EventDependency => c.follow && f.tag.pos < c.vc[t][s],
-                        ReuseKind::Opportunistic => {
-                            c.opportunistic && f.tag.pos < c.complete_bound(s)
-                        }
-                        ReuseKind::InternalDependency => {
-                            let d = a.dependency.unwrap();
-                            c.internal && d.stream as usize == s && f.tag.pos <= d.pos
-                        }
-                    };
+                    let settled = f.tag.pos < self.settled_below[s];
+                    let ok = settled
+                        || match kind {
+                            ReuseKind::SameStream => s == t,
+                            ReuseKind::HostSynchronized => f.tag.pos < c.host_bound(s),
+                            ReuseKind::EventDependency => c.follow && f.tag.pos < c.vc[t][s],
+                            ReuseKind::Opportunistic => {
+                                c.opportunistic && f.tag.pos < c.complete_bound(s)
+                            }
+                            ReuseKind::InternalDependency => {
+                                let d = a.dependency.unwrap();
+                                c.internal && d.stream as usize == s && f.tag.pos <= d.pos
+                            }
+                        };
                     assert!(ok, "{a:?} on stream {t}: {kind:?} does not justify {f:?}");
                 }
             }
@@ -401,6 +419,11 @@ impl Model {
                 let s = stream as usize;
                 self.clock.completed[s] = self.clock.pos[s];
                 self.clock.host[s] = self.clock.pos[s];
+                // As the pool after every host synchronisation.
+                self.e.settle(&self.clock.no_requester());
+                for (t, bound) in self.settled_below.iter_mut().enumerate() {
+                    *bound = self.clock.host_bound(t);
+                }
             }
             Op::EventWait { waiter, on } => {
                 let (w, s) = (waiter as usize, on as usize);

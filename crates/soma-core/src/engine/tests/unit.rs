@@ -1200,3 +1200,141 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     assert_eq!(free_blocks, [(0, 2 * G, 0), (2 * G, 3 * G, 1)]);
     let _ = a;
 }
+
+/// The free blocks of `[0, end)`: (offset, size, tag).
+fn free_blocks_below(e: &Engine, end: u64) -> Vec<(u64, u64, Option<FreeTag>)> {
+    e.blocks()
+        .filter(|i| i.offset < end)
+        .filter_map(|i| match i.state {
+            BlockState::Free(t) => Some((i.offset, i.size, t)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Two halves of the first granule, allocated on streams 1 and 2 and freed there (at
+/// positions 5 and 7): two free blocks that never merge on their own.
+fn halves_freed_by_two_streams(e: &mut Engine, b: &mut FakeBacking) {
+    let o = TestOrder::default();
+    let x = alloc(e, b, &o, G / 2, 1);
+    let y = alloc(e, b, &o, G / 2, 2);
+    assert_eq!((x.offset, y.offset), (0, G / 2));
+    free(e, &x, 1, 5);
+    free(e, &y, 2, 7);
+    assert_eq!(
+        free_blocks_below(e, G),
+        [(0, G / 2, Some(tag(1, 5))), (G / 2, G / 2, Some(tag(2, 7)))]
+    );
+}
+
+#[test]
+fn settling_merges_the_observed_frees_of_different_streams() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    halves_freed_by_two_streams(&mut e, &mut b);
+    let mut observed = TestOrder::default();
+    observed.host_observed.insert(1, 6);
+    observed.host_observed.insert(2, 8);
+    e.settle(&observed);
+    e.check_invariants().unwrap();
+    assert_eq!(free_blocks_below(&e, G), [(0, G, None)]);
+    assert_eq!(e.stats().pending_bytes, 0);
+    // A third stream takes the whole granule with nothing eligible by any rule now: the
+    // frees were host-observed when they settled. No growth.
+    let maps = b.maps;
+    let z = alloc(&mut e, &mut b, &TestOrder::default(), G, 3);
+    assert_eq!((z.offset, z.reuse), (0, Some(ReuseKind::HostSynchronized)));
+    assert_eq!(b.maps, maps);
+}
+
+#[test]
+fn settling_leaves_frees_the_host_has_not_observed() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    halves_freed_by_two_streams(&mut e, &mut b);
+    // Stream 2's free (at 7) is not below its observed bound: it stays tagged, and apart from
+    // the settled half (merged, the settled memory would wait for stream 2's free too).
+    let mut observed = TestOrder::default();
+    observed.host_observed.insert(1, 6);
+    observed.host_observed.insert(2, 7);
+    e.settle(&observed);
+    e.check_invariants().unwrap();
+    assert_eq!(free_blocks_below(&e, G), [(0, G / 2, None), (G / 2, G / 2, Some(tag(2, 7)))]);
+    let z = alloc(&mut e, &mut b, &TestOrder::default(), G, 3);
+    assert_eq!((z.offset, z.reuse), (G, None), "stream 3 may not use stream 2's free");
+    let h = alloc(&mut e, &mut b, &TestOrder::default(), G / 2, 3);
+    assert_eq!((h.offset, h.reuse), (0, Some(ReuseKind::HostSynchronized)));
+}
+
+#[test]
+fn settled_memory_merges_with_the_frees_of_a_stream_freeing_alone() {
+    // Stream 1's half settles; then stream 2 alone frees the other half: it coalesces with
+    // the settled memory (as on one stream). After frees of two streams it would not.
+    for other_stream_frees_first in [false, true] {
+        let mut e = engine(64 * G);
+        let mut b = FakeBacking::new();
+        let o = TestOrder::default();
+        let x = alloc(&mut e, &mut b, &o, G / 2, 1);
+        let y = alloc(&mut e, &mut b, &o, G / 2, 2);
+        let _elsewhere = alloc(&mut e, &mut b, &o, G, 3);
+        let w = alloc(&mut e, &mut b, &o, G, 3);
+        free(&mut e, &x, 1, 5);
+        let mut observed = TestOrder::default();
+        observed.host_observed.insert(1, 6);
+        e.settle(&observed);
+        if other_stream_frees_first {
+            free(&mut e, &w, 3, 1);
+        }
+        free(&mut e, &y, 2, 7);
+        let expected: &[_] = if other_stream_frees_first {
+            &[(0, G / 2, None), (G / 2, G / 2, Some(tag(2, 7)))]
+        } else {
+            &[(0, G, Some(tag(2, 7)))]
+        };
+        assert_eq!(free_blocks_below(&e, G), expected, "{other_stream_frees_first}");
+    }
+}
+
+#[test]
+fn a_settled_block_is_a_same_stream_reuse_for_the_stream_that_freed_it() {
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let _filler = fill_granule(&mut e, &mut b, &o);
+    let x = alloc(&mut e, &mut b, &o, G, 1);
+    let _live_above = alloc(&mut e, &mut b, &o, G, 1);
+    free(&mut e, &x, 1, 3);
+    let mut observed = TestOrder::default();
+    observed.host_observed.insert(1, 4);
+    e.settle(&observed);
+    assert_eq!(free_blocks_below(&e, 2 * G), [(G, G, None)]);
+    let x2 = alloc(&mut e, &mut b, &o, G, 1);
+    assert_eq!((x2.offset, x2.reuse), (G, Some(ReuseKind::SameStream)));
+    free(&mut e, &x2, 1, 3);
+    e.settle(&observed);
+    let x3 = alloc(&mut e, &mut b, &o, G, 4);
+    assert_eq!((x3.offset, x3.reuse), (G, Some(ReuseKind::HostSynchronized)));
+}
+
+#[test]
+fn settling_again_at_the_same_bound_takes_the_frees_made_since() {
+    // A free after a synchronisation with nothing enqueued since has a position below the
+    // bound that did not move: the next settle must not skip its stream.
+    let mut e = engine(64 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let _filler = fill_granule(&mut e, &mut b, &o);
+    let x = alloc(&mut e, &mut b, &o, G, 1);
+    let _gap = alloc(&mut e, &mut b, &o, G, 9);
+    let y = alloc(&mut e, &mut b, &o, G, 1);
+    let mut observed = TestOrder::default();
+    observed.host_observed.insert(1, 6);
+    free(&mut e, &x, 1, 5);
+    e.settle(&observed);
+    assert_eq!(e.stats().pending_bytes, 0);
+    free(&mut e, &y, 1, 5);
+    assert_eq!(e.stats().pending_bytes, G);
+    e.settle(&observed);
+    e.check_invariants().unwrap();
+    assert_eq!(e.stats().pending_bytes, 0);
+}
