@@ -948,11 +948,9 @@ impl Engine {
         b.kind = Kind::Free;
         b.tagged = true;
         b.settled = false;
-        self.solo_freer = match self.solo_freer {
-            NO_FREER => tag.stream,
-            s if s == tag.stream => s,
-            _ => SEVERAL_FREERS,
-        };
+        if self.solo_freer != tag.stream {
+            self.solo_freer = if self.solo_freer == NO_FREER { tag.stream } else { SEVERAL_FREERS };
+        }
         b.stream = tag.stream;
         b.pos = tag.pos;
         if let Some(map) = &mut self.live_index {

@@ -44,10 +44,19 @@ fn bound_of(e: &Eligibility) -> u64 {
 /// merge only while that stream is the only one freeing (see [`Engine::coalescable`]).
 #[inline]
 fn mergeable(a: &Block, b: &Block) -> bool {
-    let never_used = |x: &Block| !x.tagged && !x.settled;
-    a.kind == Kind::Free
-        && b.kind == Kind::Free
-        && (never_used(a) || never_used(b) || a.stream == b.stream || !a.tagged && !b.tagged)
+    a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, NIL)
+}
+
+/// The tag part of [`mergeable`] for two free blocks, a settled block also merging with the
+/// tagged blocks of stream `solo` (pass [`NIL`], no stream slot, for none).
+#[inline(always)]
+fn tags_merge(a: &Block, b: &Block, solo: StreamSlot) -> bool {
+    match (a.tagged, b.tagged) {
+        (true, true) => a.stream == b.stream,
+        (false, false) => true,
+        (false, true) => !a.settled || a.stream == b.stream || b.stream == solo,
+        (true, false) => !b.settled || a.stream == b.stream || a.stream == solo,
+    }
 }
 
 /// The `stream` of the merge of untagged block `b` with settled block `o`: `o`'s, unless
@@ -115,15 +124,9 @@ impl Engine {
     /// on one stream; while several free, settled memory stays apart, because merged into one
     /// stream's block it would wait for that stream's latest free before the others could
     /// use it again.
-    #[inline]
+    #[inline(always)]
     pub(super) fn coalescable(&self, a: &Block, b: &Block) -> bool {
-        let settled_with_solo = |s: &Block, t: &Block| {
-            !s.tagged && s.settled && t.tagged && t.stream == self.solo_freer
-        };
-        mergeable(a, b)
-            || a.kind == Kind::Free
-                && b.kind == Kind::Free
-                && (settled_with_solo(a, b) || settled_with_solo(b, a))
+        a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, self.solo_freer)
     }
 
     /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
@@ -171,14 +174,22 @@ impl Engine {
             || merge_n && blocks[n as usize].settled;
         let r = self.merge_neighbours(idx, p, n, merge_p, merge_n);
         if settled_in && self.slab.blocks[r as usize].tagged {
-            self.remove_free(r);
-            return self.insert_free_coalesce(r);
+            return self.coalesce_again(r);
         }
         r
     }
 
+    /// [`Engine::insert_free_coalesce`] once more for indexed free block `r`, whose tag a
+    /// merge just changed.
+    #[cold]
+    #[inline(never)]
+    fn coalesce_again(&mut self, r: u32) -> u32 {
+        self.remove_free(r);
+        self.insert_free_coalesce(r)
+    }
+
     /// The merges [`Engine::insert_free_coalesce`] decided, and the indexing of the result.
-    #[inline]
+    #[inline(always)]
     fn merge_neighbours(&mut self, idx: u32, p: u32, n: u32, merge_p: bool, merge_n: bool) -> u32 {
         if merge_p != merge_n {
             if let Some(r) = self.coalesce_in_place(idx, p, n, merge_p) {
@@ -211,7 +222,7 @@ impl Engine {
     /// # Time Complexity
     ///
     /// O(1).
-    #[inline]
+    #[inline(always)]
     fn coalesce_in_place(
         &mut self,
         idx: u32,
