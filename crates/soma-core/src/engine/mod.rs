@@ -948,7 +948,7 @@ impl Engine {
         b.kind = Kind::Free;
         b.tagged = true;
         b.settled = false;
-        if self.solo_freer != tag.stream {
+        if self.solo_freer != tag.stream && self.solo_freer != SEVERAL_FREERS {
             self.solo_freer = if self.solo_freer == NO_FREER { tag.stream } else { SEVERAL_FREERS };
         }
         b.stream = tag.stream;
