@@ -223,6 +223,35 @@ fn synchronized_frees_of_different_streams_merge() {
 }
 
 #[test]
+fn out_of_memory_waits_for_pending_frees_and_merges_them() {
+    // A full pool (one granule): two streams free its halves behind gates, a third asks for
+    // the whole. No rule lets it use their frees, so the pool waits for them before
+    // reporting out of memory; once waited for they settle into one block, which serves the
+    // request from the cache (without settling it would unmap the granule and map it again).
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2, s3) =
+        (dev.create_stream().unwrap(), dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(2 << 20).reuse(ReusePolicy::NONE).build(&dev).unwrap();
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    let low = a.device_ptr().min(b.device_ptr());
+    let gates = (Gate::close(&s1), Gate::close(&s2));
+    drop(a);
+    drop(b);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gates.0.open();
+        gates.1.open();
+    });
+    let c = pool.alloc_async::<u8>(2 * MIB, &s3).unwrap();
+    opener.join().unwrap();
+    assert_eq!(c.device_ptr(), low);
+    let stats = pool.stats();
+    assert_eq!((stats.oom_retries, stats.ooms, stats.map_calls), (1, 0, 1));
+}
+
+#[test]
 fn a_dropped_stream_leaves_its_cache_to_the_others() {
     let npu = npu();
     let dev = device_of(&npu);

@@ -1307,6 +1307,12 @@ impl PoolCore {
                             device.observe(pending.stream, enqueued + 1);
                         }
                     }
+                    // Host-observed now, those frees settle: merged with their free
+                    // neighbours of any stream, they may serve a request none fits alone.
+                    let settle = Order { device, requester: None, reuse: 0 };
+                    for &core in std::iter::once(&self).chain(peers) {
+                        core.lock().engine.settle(&settle);
+                    }
                     self.lock().oom_retries += 1;
                     if !peers.is_empty() {
                         if let Some(g) =
