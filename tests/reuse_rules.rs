@@ -223,6 +223,26 @@ fn synchronized_frees_of_different_streams_merge() {
 }
 
 #[test]
+fn a_synchronized_free_merges_with_the_next_stream_that_frees_alone() {
+    // Stream 1 frees one half of a granule and the host synchronizes: only stream 1 has ever
+    // freed, but other streams exist, so its free settles. Stream 2 then frees the other
+    // half alone: it joins the settled half, and stream 2 gets the whole granule back.
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    let low = a.device_ptr().min(b.device_ptr());
+    drop(a);
+    dev.synchronize().unwrap();
+    drop(b);
+    let maps = pool.stats().map_calls;
+    let c = pool.alloc_async::<u8>(2 * MIB, &s2).unwrap();
+    assert_eq!((c.device_ptr(), pool.stats().map_calls), (low, maps));
+}
+
+#[test]
 fn out_of_memory_waits_for_pending_frees_and_merges_them() {
     // A full pool (one granule): two streams free its halves behind gates, a third asks for
     // the whole. No rule lets it use their frees, so the pool waits for them before

@@ -75,6 +75,12 @@ impl DeviceShared {
         self.slot(slot).observed.fetch_max(bound, Ordering::AcqRel);
     }
 
+    /// How many streams of the device are alive.
+    pub(crate) fn live_streams(&self) -> usize {
+        let alloc = self.allocator.lock();
+        alloc.next_unused as usize - alloc.free.len()
+    }
+
     pub(crate) fn live_stream(&self, slot: StreamSlot) -> Option<LiveStream> {
         self.slot(slot).live.lock().clone()
     }

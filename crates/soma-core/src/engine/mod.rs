@@ -1036,6 +1036,12 @@ impl Engine {
         }
     }
 
+    /// Whether more than one stream has freed memory here (ever). While only one has, and no
+    /// other stream exists to use its frees, [`Engine::settle`] has nothing to merge.
+    pub fn freed_by_several_streams(&self) -> bool {
+        self.indexes.iter().skip(1).filter(|ix| ix.is_some()).count() > 1
+    }
+
     /// Counts `n` frees, each followed by an allocation of the same block on the same
     /// stream, that the caller handled without the engine (the pool's free ring): the
     /// block stayed live throughout, so only the counters change — `frees`, `allocs` and

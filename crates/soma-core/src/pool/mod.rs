@@ -1051,7 +1051,7 @@ impl PoolCore {
         let threshold = self.release_threshold();
         let mut inner = self.lock();
         self.drain_passthrough(device, &mut inner);
-        inner.engine.settle(&Order { device, requester: None, reuse: 0 });
+        settle(device, &mut inner.engine);
         // A shard releases what the pool as a whole holds above the threshold (the device
         // calls every shard in turn).
         let pool_reserved = self.budget.as_ref().map_or(inner.engine.reserved(), |b| b.reserved());
@@ -1309,9 +1309,8 @@ impl PoolCore {
                     }
                     // Host-observed now, those frees settle: merged with their free
                     // neighbours of any stream, they may serve a request none fits alone.
-                    let settle = Order { device, requester: None, reuse: 0 };
                     for &core in std::iter::once(&self).chain(peers) {
-                        core.lock().engine.settle(&settle);
+                        settle(device, &mut core.lock().engine);
                     }
                     self.lock().oom_retries += 1;
                     if !peers.is_empty() {
@@ -1523,6 +1522,15 @@ impl PoolCore {
             inner.record_full(self, RecordKind::Free, stream.id(), offset, size, 0, None, location);
         }
         Ok(())
+    }
+}
+
+/// Settles `engine`'s host-observed frees ([`Engine::settle`]), unless one stream alone
+/// uses the device and has been the only one to free there: its frees merge among
+/// themselves already, and settling would cost a pass over them at every synchronisation.
+fn settle(device: &DeviceShared, engine: &mut Engine) {
+    if device.live_streams() > 1 || engine.freed_by_several_streams() {
+        engine.settle(&Order { device, requester: None, reuse: 0 });
     }
 }
 
