@@ -243,6 +243,26 @@ fn a_synchronized_free_merges_with_the_next_stream_that_frees_alone() {
 }
 
 #[test]
+fn a_dropped_streams_frees_merge_with_another_streams() {
+    // Stream 1 frees one half of a granule and is dropped (which drains it, no
+    // synchronisation); stream 2 frees the other half alone and gets the whole granule.
+    let npu = npu();
+    let dev = device_of(&npu);
+    let pool = pool_with(&dev, ReusePolicy::NONE);
+    let s2 = dev.create_stream().unwrap();
+    let s1 = dev.create_stream().unwrap();
+    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
+    let low = a.device_ptr().min(b.device_ptr());
+    drop(a);
+    drop(s1);
+    drop(b);
+    let maps = pool.stats().map_calls;
+    let c = pool.alloc_async::<u8>(2 * MIB, &s2).unwrap();
+    assert_eq!((c.device_ptr(), pool.stats().map_calls), (low, maps));
+}
+
+#[test]
 fn out_of_memory_waits_for_pending_frees_and_merges_them() {
     // A full pool (one granule): two streams free its halves behind gates, a third asks for
     // the whole. No rule lets it use their frees, so the pool waits for them before

@@ -91,6 +91,16 @@ impl DeviceShared {
         pools.push(Arc::downgrade(pool));
     }
 
+    /// Settles every live pool's host-observed frees (called when a stream was dropped: its
+    /// frees are host-observed, and no synchronisation may follow to settle them).
+    pub(crate) fn settle_pools(&self) {
+        let pools: Vec<Arc<PoolCore>> =
+            self.pools.lock().iter().filter_map(Weak::upgrade).collect();
+        for pool in pools {
+            pool.settle_observed(self);
+        }
+    }
+
     /// Applies every live pool's release threshold (called after a host synchronisation).
     pub(crate) fn after_host_sync(&self) {
         let pools: Vec<Arc<PoolCore>> =

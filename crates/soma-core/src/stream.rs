@@ -335,6 +335,8 @@ impl Drop for Stream<'_> {
         let _ = self.hal.synchronize();
         let final_global = self.position();
         self.device.shared.detach_stream(self.slot, final_global);
+        // Its frees are host-observed now: let them merge with the other streams' memory.
+        self.device.shared.settle_pools();
     }
 }
 

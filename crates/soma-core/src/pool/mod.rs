@@ -1040,6 +1040,17 @@ impl PoolCore {
         }
     }
 
+    /// Settles the host-observed frees (after a stream was dropped). Always, unlike after a
+    /// synchronisation: the next stream may be created after this one is gone.
+    pub(crate) fn settle_observed(&self, device: &DeviceShared) {
+        if self.torn_down.load(Ordering::Acquire) || self.native.is_some() {
+            return;
+        }
+        let mut inner = self.lock();
+        self.drain_passthrough(device, &mut inner);
+        inner.engine.settle(&Order { device, requester: None, reuse: 0 });
+    }
+
     /// After a host synchronisation: settles the frees it made host-observed (they merge
     /// with free neighbours of any stream, see [`Engine::settle`]), then releases free memory
     /// down to the threshold.
