@@ -540,8 +540,8 @@ def section(target, crit, cmd_note):
           "run on one stream, the next on the next of 4 (`--streams 4 --stream-per-replay`: a "
           "server running its requests on its streams in turn; a run reuses the frees of the "
           "runs before it by the opportunistic rule); *synchronized* adds a device synchronize "
-          "after each run's ops (`--sync-per-replay`: a server that waits for each request's "
-          "results; the pool then settles the frees the host has observed, so they merge "
+          "after each run, once it has freed what it frees (`--sync-per-replay`: a server that "
+          "waits for each request; the pool then settles the frees the host has observed, so they merge "
           "whatever their stream). Fragmentation = peak reserved "
           "/ peak used over all runs; map / unmap calls of the last run (once: of the only "
           "run). Traces of `SOMA_EXTRA_TRACES` as well when it was set.")

@@ -24,8 +24,8 @@
 //! all its ops on stream `r mod N` instead of spreading them over the streams (a server that
 //! runs each request on one stream and the requests on its streams in turn); the frees of
 //! one replay are reused by the next through the opportunistic rule once they have completed.
-//! `--sync-per-replay` synchronizes the device at the end of each replay's ops (a server
-//! that waits for each request's results), before what the replay leaves live is freed.
+//! `--sync-per-replay` synchronizes the device after each replay, once what it leaves live
+//! has been freed (or kept, with `--resident`): a server that waits for each request.
 //! The figures are those of the last replay, peaks over all.
 
 use std::path::PathBuf;
@@ -192,6 +192,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let handles = replay_once(args, &on, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
         if args.resident && r == 1 {
             resident = handles;
+        } else {
+            drop(handles);
+        }
+        if args.sync_per_replay {
+            dev.synchronize()?;
         }
     }
     let calls_before = sim.stats();
@@ -281,7 +286,7 @@ fn replay_once<'s, 'd>(
         }
     }
     let ops = trace.ops.len();
-    if args.sync_per_replay || (args.sync_every > 0 && ops > 0 && ops % args.sync_every == 0) {
+    if args.sync_every > 0 && ops > 0 && ops % args.sync_every == 0 {
         dev.synchronize()?;
     }
     Ok(handles)
