@@ -81,6 +81,11 @@ impl DeviceShared {
         alloc.next_unused as usize - alloc.free.len()
     }
 
+    /// Whether a stream occupies `slot`.
+    pub(crate) fn is_live(&self, slot: StreamSlot) -> bool {
+        self.slot(slot).live.lock().is_some()
+    }
+
     pub(crate) fn live_stream(&self, slot: StreamSlot) -> Option<LiveStream> {
         self.slot(slot).live.lock().clone()
     }
@@ -91,21 +96,22 @@ impl DeviceShared {
         pools.push(Arc::downgrade(pool));
     }
 
+    /// The pools (shards) of the device that are still alive.
+    fn live_pools(&self) -> Vec<Arc<PoolCore>> {
+        self.pools.lock().iter().filter_map(Weak::upgrade).collect()
+    }
+
     /// Settles every live pool's host-observed frees (called when a stream was dropped: its
     /// frees are host-observed, and no synchronisation may follow to settle them).
     pub(crate) fn settle_pools(&self) {
-        let pools: Vec<Arc<PoolCore>> =
-            self.pools.lock().iter().filter_map(Weak::upgrade).collect();
-        for pool in pools {
+        for pool in self.live_pools() {
             pool.settle_observed(self);
         }
     }
 
     /// Applies every live pool's release threshold (called after a host synchronisation).
     pub(crate) fn after_host_sync(&self) {
-        let pools: Vec<Arc<PoolCore>> =
-            self.pools.lock().iter().filter_map(Weak::upgrade).collect();
-        for pool in pools {
+        for pool in self.live_pools() {
             pool.apply_release_threshold(self);
         }
     }

@@ -1036,10 +1036,10 @@ impl Engine {
         }
     }
 
-    /// Whether more than one stream has freed memory here (ever). While only one has, and no
-    /// other stream exists to use its frees, [`Engine::settle`] has nothing to merge.
-    pub fn freed_by_several_streams(&self) -> bool {
-        self.indexes.iter().skip(1).filter(|ix| ix.is_some()).count() > 1
+    /// The stream slots that have freed memory here (ever), in slot order.
+    pub fn freeing_streams(&self) -> impl Iterator<Item = StreamSlot> + '_ {
+        let slots = self.indexes.iter().enumerate().skip(1);
+        slots.filter(|(_, ix)| ix.is_some()).map(|(slot, _)| (slot - 1) as StreamSlot)
     }
 
     /// Counts `n` frees, each followed by an allocation of the same block on the same

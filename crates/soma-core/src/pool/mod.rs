@@ -1040,29 +1040,30 @@ impl PoolCore {
         }
     }
 
-    /// Settles the host-observed frees (after a stream was dropped). Always, unlike after a
-    /// synchronisation: the next stream may be created after this one is gone.
-    pub(crate) fn settle_observed(&self, device: &DeviceShared) {
+    /// The pool locked with every host-observed free settled (the deferred frees of a
+    /// passthrough pool handed over first); `None` for a pool torn down or native (the
+    /// native pool keeps its own books).
+    fn lock_settled(&self, device: &DeviceShared) -> Option<Locked<'_>> {
         if self.torn_down.load(Ordering::Acquire) || self.native.is_some() {
-            return;
+            return None;
         }
         let mut inner = self.lock();
         self.drain_passthrough(device, &mut inner);
-        inner.engine.settle(&Order { device, requester: None, reuse: 0 });
+        settle(device, &mut inner.engine);
+        Some(inner)
+    }
+
+    /// Settles the host-observed frees (after a stream was dropped).
+    pub(crate) fn settle_observed(&self, device: &DeviceShared) {
+        self.lock_settled(device);
     }
 
     /// After a host synchronisation: settles the frees it made host-observed (they merge
     /// with free neighbours of any stream, see [`Engine::settle`]), then releases free memory
     /// down to the threshold.
     pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
-        // A native pool applies its own threshold.
-        if self.torn_down.load(Ordering::Acquire) || self.native.is_some() {
-            return;
-        }
         let threshold = self.release_threshold();
-        let mut inner = self.lock();
-        self.drain_passthrough(device, &mut inner);
-        settle(device, &mut inner.engine);
+        let Some(mut inner) = self.lock_settled(device) else { return };
         // A shard releases what the pool as a whole holds above the threshold (the device
         // calls every shard in turn).
         let pool_reserved = self.budget.as_ref().map_or(inner.engine.reserved(), |b| b.reserved());
@@ -1536,11 +1537,19 @@ impl PoolCore {
     }
 }
 
-/// Settles `engine`'s host-observed frees ([`Engine::settle`]), unless one stream alone
-/// uses the device and has been the only one to free there: its frees merge among
-/// themselves already, and settling would cost a pass over them at every synchronisation.
+/// Settles `engine`'s host-observed frees ([`Engine::settle`]), unless nothing was freed or
+/// the only stream that ever freed there is alive and alone on the device: its frees merge
+/// among themselves already, and settling would cost a pass over them at every
+/// synchronisation. (A dropped stream's frees settle: the next stream may come after it.)
 fn settle(device: &DeviceShared, engine: &mut Engine) {
-    if device.live_streams() > 1 || engine.freed_by_several_streams() {
+    let mut freeing = engine.freeing_streams();
+    let nothing_to_merge = match (freeing.next(), freeing.next()) {
+        (None, _) => true,
+        (Some(s), None) => device.live_streams() <= 1 && device.is_live(s),
+        (Some(_), Some(_)) => false,
+    };
+    drop(freeing);
+    if !nothing_to_merge {
         engine.settle(&Order { device, requester: None, reuse: 0 });
     }
 }
