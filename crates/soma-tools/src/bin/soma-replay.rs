@@ -257,16 +257,11 @@ fn replay_once<'s, 'd>(
     handles.resize_with(trace.slots, || None);
     let mut owner: Vec<u32> = vec![0; trace.slots];
     for (k, op) in trace.ops.iter().enumerate() {
-        // After every `--sync-every` ops of the trace, the skipped ones included.
-        if args.sync_every > 0 && k > 0 && k % args.sync_every == 0 {
-            dev.synchronize()?;
-        }
         let s = stream_of(k);
         let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
-        if resident.is_some_and(|r| r[slot as usize].is_some()) {
-            continue;
-        }
+        let kept = resident.is_some_and(|r| r[slot as usize].is_some());
         match *op {
+            _ if kept => {}
             Op::Alloc { slot, bytes } => {
                 let a = pool.alloc_async::<u8>(bytes as usize, &streams[s]).map_err(|e| {
                     format!("op {k}: allocation of {bytes} bytes on stream {s} failed: {e}")
@@ -275,19 +270,20 @@ fn replay_once<'s, 'd>(
                 owner[slot as usize] = s as u32;
             }
             Op::Free { slot } => {
-                let Some(a) = handles[slot as usize].take() else { continue };
-                if owner[slot as usize] as usize != s {
-                    *hand_offs += 1;
-                    drop(a.hand_off(&streams[s])?);
-                } else {
-                    drop(a);
+                if let Some(a) = handles[slot as usize].take() {
+                    if owner[slot as usize] as usize != s {
+                        *hand_offs += 1;
+                        drop(a.hand_off(&streams[s])?);
+                    } else {
+                        drop(a);
+                    }
                 }
             }
         }
-    }
-    let ops = trace.ops.len();
-    if args.sync_every > 0 && ops > 0 && ops % args.sync_every == 0 {
-        dev.synchronize()?;
+        // After every `--sync-every` ops of the trace, the kept ones included.
+        if args.sync_every > 0 && (k + 1) % args.sync_every == 0 {
+            dev.synchronize()?;
+        }
     }
     Ok(handles)
 }
