@@ -1099,6 +1099,17 @@ fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
     assert_eq!((e.used(), e.reserved()), (0, 2 * G));
 }
 
+/// The free blocks of `[0, end)`: (offset, size, tag).
+fn free_blocks_below(e: &Engine, end: u64) -> Vec<(u64, u64, Option<FreeTag>)> {
+    e.blocks()
+        .filter(|i| i.offset < end)
+        .filter_map(|i| match i.state {
+            BlockState::Free(t) => Some((i.offset, i.size, t)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The mapped ranges, in address order.
 fn mapped_ranges(e: &Engine) -> Vec<(u64, u64)> {
     e.blocks()
@@ -1190,26 +1201,10 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     let a = alloc(&mut e, &mut b, &o, 4096, 2);
     assert_eq!(a.offset, 3 * G);
     assert_eq!(mapped_ranges(&e), [(0, 4 * G)]);
-    let free_blocks: Vec<_> = e
-        .blocks()
-        .filter_map(|i| match i.state {
-            BlockState::Free(Some(t)) => Some((i.offset, i.offset + i.size, t.stream)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(free_blocks, [(0, 2 * G, 0), (2 * G, 3 * G, 1)]);
-    let _ = a;
-}
-
-/// The free blocks of `[0, end)`: (offset, size, tag).
-fn free_blocks_below(e: &Engine, end: u64) -> Vec<(u64, u64, Option<FreeTag>)> {
-    e.blocks()
-        .filter(|i| i.offset < end)
-        .filter_map(|i| match i.state {
-            BlockState::Free(t) => Some((i.offset, i.size, t)),
-            _ => None,
-        })
-        .collect()
+    assert_eq!(
+        free_blocks_below(&e, 3 * G),
+        [(0, 2 * G, Some(tag(0, 2))), (2 * G, G, Some(tag(1, 2)))]
+    );
 }
 
 /// Two halves of the first granule, allocated on streams 1 and 2 and freed there (at
