@@ -190,36 +190,57 @@ fn a_synchronized_free_is_reusable_by_every_stream() {
     assert_eq!(pool.stats().reuses.host_synchronized, 1);
 }
 
-/// Two streams free the two halves of a granule; a third asks for the whole granule.
-/// Returns whether it got the halves' memory, and the pool's map calls for it.
-fn whole_granule_after_two_streams_free_its_halves(synchronize: bool) -> (bool, u64) {
-    let npu = npu();
-    let dev = device_of(&npu);
-    let (s1, s2, s3) =
-        (dev.create_stream().unwrap(), dev.create_stream().unwrap(), dev.create_stream().unwrap());
-    let pool = pool_with(&dev, ReusePolicy::NONE);
-    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
-    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
-    let low = a.device_ptr().min(b.device_ptr());
+/// One MiB on `s1`, then one on `s2`: the two halves of a fresh granule. Returns them and
+/// the granule's address.
+fn halves<'p: 'a + 'b, 'a, 'b, 'd>(
+    pool: &'p MemPool<'d>,
+    s1: &'a soma::Stream<'d>,
+    s2: &'b soma::Stream<'d>,
+) -> (soma::PoolAlloc<'a, u8>, soma::PoolAlloc<'b, u8>, soma::hal::DevicePtr) {
+    let a = pool.alloc_async::<u8>(MIB, s1).unwrap();
+    let b = pool.alloc_async::<u8>(MIB, s2).unwrap();
     assert_eq!(a.device_ptr().addr().abs_diff(b.device_ptr().addr()), MIB as u64);
-    drop(a);
-    drop(b);
-    if synchronize {
-        dev.synchronize().unwrap();
-    }
+    let low = a.device_ptr().min(b.device_ptr());
+    (a, b, low)
+}
+
+/// The whole granule for `s` once its halves are freed: its address, and the map calls
+/// the allocation made.
+fn whole_granule(pool: &MemPool<'_>, s: &soma::Stream<'_>) -> (soma::hal::DevicePtr, u64) {
     let maps = pool.stats().map_calls;
-    let c = pool.alloc_async::<u8>(2 * MIB, &s3).unwrap();
-    (c.device_ptr() == low, pool.stats().map_calls - maps)
+    let c = pool.alloc_async::<u8>(2 * MIB, s).unwrap();
+    (c.device_ptr(), pool.stats().map_calls - maps)
 }
 
 #[test]
 fn synchronized_frees_of_different_streams_merge() {
-    // Free blocks of different streams never merge while their frees are pending (each
-    // keeps its stream's ordering), so the third stream maps fresh memory ...
-    assert_eq!(whole_granule_after_two_streams_free_its_halves(false), (false, 1));
-    // ... but once the host has observed both frees they settle into one block that any
-    // stream may use.
-    assert_eq!(whole_granule_after_two_streams_free_its_halves(true), (true, 0));
+    // Two streams free the halves of a granule; a third asks for the whole granule.
+    for synchronize in [false, true] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let (s1, s2, s3) = (
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+        );
+        let pool = pool_with(&dev, ReusePolicy::NONE);
+        let (a, b, low) = halves(&pool, &s1, &s2);
+        drop(a);
+        drop(b);
+        if synchronize {
+            dev.synchronize().unwrap();
+        }
+        let (ptr, maps) = whole_granule(&pool, &s3);
+        if synchronize {
+            // Once the host has observed both frees they settle into one block that any
+            // stream may use.
+            assert_eq!((ptr, maps), (low, 0));
+        } else {
+            // Free blocks of different streams never merge while their frees are pending
+            // (each keeps its stream's ordering), so the third stream maps fresh memory.
+            assert!(ptr != low && maps == 1, "{ptr} {maps}");
+        }
+    }
 }
 
 #[test]
@@ -231,15 +252,11 @@ fn a_synchronized_free_merges_with_the_next_stream_that_frees_alone() {
     let dev = device_of(&npu);
     let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
     let pool = pool_with(&dev, ReusePolicy::NONE);
-    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
-    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
-    let low = a.device_ptr().min(b.device_ptr());
+    let (a, b, low) = halves(&pool, &s1, &s2);
     drop(a);
     dev.synchronize().unwrap();
     drop(b);
-    let maps = pool.stats().map_calls;
-    let c = pool.alloc_async::<u8>(2 * MIB, &s2).unwrap();
-    assert_eq!((c.device_ptr(), pool.stats().map_calls), (low, maps));
+    assert_eq!(whole_granule(&pool, &s2), (low, 0));
 }
 
 #[test]
@@ -251,15 +268,11 @@ fn a_dropped_streams_frees_merge_with_another_streams() {
     let pool = pool_with(&dev, ReusePolicy::NONE);
     let s2 = dev.create_stream().unwrap();
     let s1 = dev.create_stream().unwrap();
-    let a = pool.alloc_async::<u8>(MIB, &s1).unwrap();
-    let b = pool.alloc_async::<u8>(MIB, &s2).unwrap();
-    let low = a.device_ptr().min(b.device_ptr());
+    let (a, b, low) = halves(&pool, &s1, &s2);
     drop(a);
     drop(s1);
     drop(b);
-    let maps = pool.stats().map_calls;
-    let c = pool.alloc_async::<u8>(2 * MIB, &s2).unwrap();
-    assert_eq!((c.device_ptr(), pool.stats().map_calls), (low, maps));
+    assert_eq!(whole_granule(&pool, &s2), (low, 0));
 }
 
 #[test]
