@@ -15,8 +15,8 @@ every other section of the file (e.g. `## soma-sim`) is kept byte for byte.
 quick run's output without touching docs/performance.md).
 
 The script also runs `soma-replay --json` over every trace with 1, 2 and 4 streams, and
-repeated 12 times on one pool (resident, from empty, from empty without recycling; also over
-the traces in `SOMA_EXTRA_TRACES` when set) (`--no-replay` skips both). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
+repeated 12 times on one pool in the modes of `RERUN_MODES` (also over the traces in
+`SOMA_EXTRA_TRACES` when set) (`--no-replay` skips both). `--callgrind` also runs `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks,
 10 000 and 20 000 pairs) and reports instructions per alloc+free pair.
 """
 
@@ -187,7 +187,7 @@ def run_replays(target):
     reruns = []
     for p in paths:
         row = {}
-        for mode, opts in RERUN_MODES:
+        for mode, _, opts, _ in RERUN_MODES:
             d = replay_json(exe, p, opts)
             if d:
                 row["trace"] = d["trace"]
@@ -199,28 +199,23 @@ def run_replays(target):
 
 
 RERUNS = 12
-# (key, soma-replay options) of the rerun table's columns.
+_IN_TURN = ["--streams", "4", "--stream-per-replay"]
+# The rerun table's columns: (key, label, soma-replay options, whether the 1.05 target
+# applies). Without recycling (`retain`) the target is not claimed.
 RERUN_MODES = [
-    ("once", []),
-    ("resident", ["--replays", str(RERUNS), "--resident"]),
-    ("from_empty", ["--replays", str(RERUNS)]),
-    ("from_empty_retain", ["--replays", str(RERUNS), "--no-recycle"]),
-    ("resident_streams", ["--replays", str(RERUNS), "--resident", "--streams", "4",
-                          "--stream-per-replay"]),
-    ("from_empty_streams", ["--replays", str(RERUNS), "--streams", "4", "--stream-per-replay"]),
-    ("resident_streams_sync", ["--replays", str(RERUNS), "--resident", "--streams", "4",
-                               "--stream-per-replay", "--sync-per-replay"]),
-    ("from_empty_streams_sync", ["--replays", str(RERUNS), "--streams", "4",
-                                 "--stream-per-replay", "--sync-per-replay"]),
-]
-# The rerun modes with a fragmentation verdict, and their labels.
-RERUN_VERDICTS = [
-    ("resident", "resident"),
-    ("from_empty", "from empty"),
-    ("resident_streams", "resident, 4 streams in turn"),
-    ("from_empty_streams", "from empty, 4 streams in turn"),
-    ("resident_streams_sync", "resident, 4 streams in turn, synchronized"),
-    ("from_empty_streams_sync", "from empty, 4 streams in turn, synchronized"),
+    ("once", "once", [], False),
+    ("resident", "resident", ["--replays", str(RERUNS), "--resident"], True),
+    ("from_empty", "from empty", ["--replays", str(RERUNS)], True),
+    ("from_empty_retain", "from empty, retain", ["--replays", str(RERUNS), "--no-recycle"],
+     False),
+    ("resident_streams", "resident, 4 streams in turn",
+     ["--replays", str(RERUNS), "--resident", *_IN_TURN], True),
+    ("from_empty_streams", "from empty, 4 streams in turn",
+     ["--replays", str(RERUNS), *_IN_TURN], True),
+    ("resident_streams_sync", "resident, 4 streams in turn, synchronized",
+     ["--replays", str(RERUNS), "--resident", *_IN_TURN, "--sync-per-replay"], True),
+    ("from_empty_streams_sync", "from empty, 4 streams in turn, synchronized",
+     ["--replays", str(RERUNS), *_IN_TURN, "--sync-per-replay"], True),
 ]
 
 
@@ -546,25 +541,22 @@ def section(target, crit, cmd_note):
           "/ peak used over all runs; map / unmap calls of the last run (once: of the only "
           "run). Traces of `SOMA_EXTRA_TRACES` as well when it was set.")
         w("")
-        w("| trace | once | resident | from empty | from empty, retain | "
-          "resident, 4 streams in turn | from empty, 4 streams in turn | "
-          "resident, 4 streams in turn, synchronized | "
-          "from empty, 4 streams in turn, synchronized |")
-        w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        w("| trace | " + " | ".join(label for _, label, _, _ in RERUN_MODES) + " |")
+        w("|---|" + "---:|" * len(RERUN_MODES))
         worst = {}
         for row in rr:
             cells = []
-            for mode, _ in RERUN_MODES:
+            for mode, _, _, targeted in RERUN_MODES:
                 d = row.get(mode)
                 if d is None:
                     cells.append("—")
                     continue
                 cells.append(f"{d['fragmentation']:.3f} ({d['map_calls']} / {d['unmap_calls']})")
-                if mode in dict(RERUN_VERDICTS):
+                if targeted:
                     worst[mode] = max(worst.get(mode, (0, "")), (d["fragmentation"], row["trace"]))
             w(f"| {row['trace']} | " + " | ".join(cells) + " |")
         w("")
-        for mode, label in RERUN_VERDICTS:
+        for mode, label, _, _ in RERUN_MODES:
             if mode in worst:
                 f, t = worst[mode]
                 w(f"- Fragmentation ≤ 1.05 over {RERUNS} runs, {label}: {verdict(f <= 1.05)} "
