@@ -28,11 +28,11 @@ pub(super) const SEGMENTS_PER_GROWTH: u64 = 4;
 /// and 13 more recorded with their tool (the first 13 of `scripts/extra_trace_recipes.py`:
 /// batched decode with retiring rows, a GPT-2 request stream of varying prompts, beam
 /// search, training with varying lengths, T5, ViT, RoBERTa, BERT-large), peak reserved /
-/// peak used: 4 fixed up to
-/// 1.081 (the request stream, whose 32 MiB attention temporaries interleave with a growing
-/// KV cache), BERT 1.033; adaptive at most 1.024 (Mistral, as with 4 fixed), the request
-/// stream 1.023, BERT 1.008 (1.7x its map calls), the traces without shortfalls unchanged; 16 fixed about the same peaks but 1.2-1.6x the map calls on those (LLaMA
-/// weights: 628 -> 1005).
+/// peak used: 4 fixed up to 1.081 (the request stream, whose 32 MiB attention temporaries
+/// interleave with a growing KV cache), BERT 1.033; adaptive at most 1.024 (Mistral, as with
+/// 4 fixed), the request stream 1.023, BERT 1.008 (1.7x its map calls), the traces without
+/// shortfalls unchanged; 16 fixed about the same peaks but 1.2-1.6x the map calls on those
+/// (LLaMA weights: 628 -> 1005).
 pub(super) const MAX_SPLIT_BOOST: u32 = 2;
 
 /// Segments are refined (see [`MAX_SPLIT_BOOST`]) only when the growth leaves more than

@@ -123,9 +123,9 @@
 //! only while that stream frees alone (merged while several streams free, it would wait for
 //! that stream's latest free before the others could use it: BERT replayed round-robin over
 //! four streams, 8 runs with a synchronisation between them, 4.43 of peak used instead of
-//! 2.06). Runs of a trace on four streams in
-//! turn with a synchronisation between them then place within 0.5 % of runs on one stream
-//! (`tests/traces.rs`, `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
+//! 2.06). Runs of a trace on four streams in turn with a synchronisation between them then
+//! place within 0.5 % of runs on one stream (`tests/traces.rs`,
+//! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
 //!
 //! **Packing.** Recycling leaves unmapped holes between mapped segments. When the engine
 //! has emptied (nothing live) and segments were unmapped since it last packed, its next

@@ -10,23 +10,24 @@
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). Without `--streams` the trace's
 //! `stream` column decides: each distinct value is a stream of its own (the shared traces
 //! name one; a pool's `history_trace_csv` names the streams it saw), and an op runs on its
-//! recorded stream. With `--streams N` op `k` of the trace runs on stream `k mod N` instead: an allocation is made there, and a free on another stream
-//! than the allocation's first hands the allocation off (an event recorded on its stream,
-//! waited on by the freeing stream), so frees cross streams in stream order and their blocks
-//! are reused across streams through those events. `--sync-every K` synchronizes the device
-//! every `K` ops (that is where the release threshold applies); by default nothing
-//! synchronizes until the end. `--no-recycle` builds the pool with
-//! `recycle_on_growth(false)`, `--shards S` with `stream_shards(S)`. `--replays R` replays the trace `R` times on the same pool
+//! recorded stream. With `--streams N` op `k` of the trace runs on stream `k mod N`
+//! instead: an allocation is made there, and a free on another stream than the allocation's
+//! first hands the allocation off (an event recorded on its stream, waited on by the
+//! freeing stream), so frees cross streams in stream order and their blocks are reused
+//! across streams through those events. `--sync-every K` synchronizes the device every `K`
+//! ops (that is where the release threshold applies); by default nothing synchronizes until
+//! the end. `--no-recycle` builds the pool with `recycle_on_growth(false)`, `--shards S`
+//! with `stream_shards(S)`. `--replays R` replays the trace `R` times on the same pool
 //! (what is live at the end of a replay is freed before the next: the model unloaded and
 //! loaded again); with `--resident` what the first replay leaves live (the weights, a
-//! training run's optimizer state) stays allocated and later replays skip it, as a server or
-//! a training loop running the model again does. With `--stream-per-replay` replay `r` runs
-//! all its ops on stream `r mod N` instead of spreading them over the streams (a server that
-//! runs each request on one stream and the requests on its streams in turn); the frees of
-//! one replay are reused by the next through the opportunistic rule once they have completed.
-//! `--sync-per-replay` synchronizes the device after each replay, once what it leaves live
-//! has been freed (or kept, with `--resident`): a server that waits for each request.
-//! The figures are those of the last replay, peaks over all.
+//! training run's optimizer state) stays allocated and later replays skip it, as a server
+//! or a training loop running the model again does. With `--stream-per-replay` replay `r`
+//! runs all its ops on stream `r mod N` instead of spreading them over the streams (a
+//! server that runs each request on one stream and the requests on its streams in turn);
+//! the frees of one replay are reused by the next through the opportunistic rule once they
+//! have completed. `--sync-per-replay` synchronizes the device after each replay, once what
+//! it leaves live has been freed (or kept, with `--resident`): a server that waits for each
+//! request. The figures are those of the last replay, peaks over all.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
