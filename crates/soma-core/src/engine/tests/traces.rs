@@ -169,8 +169,11 @@ fn trace_fragmentation() {
             );
             let name = p.file_name().unwrap().to_string_lossy();
             let limit = if complete { 1.05 } else { never_unmapping_limit(&name) };
-            let ratio = in_granules(&s);
-            assert!(ratio <= limit, "{name}: fragmentation regression: {ratio}");
+            let in_whole_granules = in_granules(&s);
+            assert!(
+                in_whole_granules <= limit,
+                "{name}: fragmentation regression: {in_whole_granules}"
+            );
         }
     }
 }
