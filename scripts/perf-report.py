@@ -470,6 +470,19 @@ def section(target, crit, cmd_note):
         w(f"| {c['cell'].replace('x', ' × ')} | {c['allocs']} | " + " | ".join(
             f"{calls(c, 'cold', a)} | {calls(c, 'warm', a)}" for a in VARIANTS_API_FIRST) + " |")
     w("")
+    w("Peak reserved after the warm replays / peak live requested bytes of the sequence (the "
+      "memory side of the figures above; reserved as defined in the allocator table; the "
+      "driver path maps each allocation's granules and nothing else):")
+    w("")
+    mem = [a for a in ALLOCATORS if a != "driver"]
+    w("| n × max MiB | peak live MiB | " + " | ".join(f"`{a}`" for a in mem) + " |")
+    w("|---|---:|" + "---:|" * len(mem))
+    for c in cells:
+        live = c["peak_live_bytes"]
+        res = c.get("warm_reserved_high") or {}
+        w(f"| {c['cell'].replace('x', ' × ')} | {live / MIB:.0f} | " + " | ".join(
+            "—" if res.get(a) is None else f"{res[a] / live:.3f}" for a in mem) + " |")
+    w("")
 
     # ---- 3. traces
     w("### 3. Real traces")

@@ -1848,6 +1848,7 @@ impl<'d> MemPool<'d> {
             sum.mapped_segments += e.mapped_segments;
             sum.bytes_mapped_total += e.bytes_mapped_total;
             sum.bytes_unmapped_total += e.bytes_unmapped_total;
+            sum.recycling_pauses += e.recycling_pauses;
             sum.pending_bytes += e.pending_bytes;
             sum.free_bytes += e.free_bytes;
             sum.largest_free_block = sum.largest_free_block.max(e.largest_free_block);

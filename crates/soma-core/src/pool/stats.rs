@@ -67,6 +67,9 @@ pub struct PoolStats {
     pub bytes_mapped_total: u64,
     /// Bytes unmapped since creation.
     pub bytes_unmapped_total: u64,
+    /// Times recycling on growth paused because it had become chronic (see the semantics'
+    /// "Recycling pauses when it is chronic").
+    pub recycling_pauses: u64,
     /// Free bytes cached on a stream (not yet reusable by every stream).
     pub pending_bytes: u64,
     /// All free mapped bytes.
@@ -105,6 +108,7 @@ impl PoolStats {
             mapped_segments: e.mapped_segments,
             bytes_mapped_total: e.bytes_mapped_total,
             bytes_unmapped_total: e.bytes_unmapped_total,
+            recycling_pauses: e.recycling_pauses,
             pending_bytes: e.pending_bytes,
             free_bytes: e.free_bytes,
             largest_free_block: e.largest_free_block,
@@ -159,7 +163,11 @@ impl fmt::Display for PoolStats {
             self.reuses.internal_dependency,
             self.reuses.host_synchronized
         )?;
-        writeln!(f, "{:<22} {:>12} / {}", "driver map / unmap", self.map_calls, self.unmap_calls)?;
+        writeln!(
+            f,
+            "{:<22} {:>12} / {} (recycling paused {}x)",
+            "driver map / unmap", self.map_calls, self.unmap_calls, self.recycling_pauses
+        )?;
         writeln!(f, "{:<22} {:>12}", "pending frees", Bytes(self.pending_bytes).to_string())?;
         writeln!(
             f,

@@ -356,7 +356,10 @@ fn print_report(
         stats.fragmentation(),
         frag_requested
     );
-    println!("driver map / unmap    {} / {}", stats.map_calls, stats.unmap_calls);
+    println!(
+        "driver map / unmap    {} / {} (recycling paused {}x)",
+        stats.map_calls, stats.unmap_calls, stats.recycling_pauses
+    );
     println!(
         "reuses                {} (same stream {}, event {}, opportunistic {}, host sync {}), fresh {}",
         stats.reuses.total(),

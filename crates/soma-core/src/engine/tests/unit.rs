@@ -1009,6 +1009,115 @@ fn recycling_short_of_whole_segments(e: &mut Engine, b: &mut FakeBacking, o: &Te
 }
 
 #[test]
+fn recycling_pauses_beyond_one_growth_in_eight() {
+    use crate::engine::growth::{RecycleRate, RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
+    let burst = RECYCLE_BURST as u64;
+    let spacing = RECYCLE_WINDOW / burst;
+    let mut r = RecycleRate::default();
+    // `burst + 1` recycling growths spanning the whole window: not a burst.
+    let mut t = 0;
+    for i in 0..10 * burst {
+        t = i * spacing;
+        assert!(!r.record(t), "growth {i} at {t}");
+        assert!(!r.paused(t));
+    }
+    // One allocation sooner: the last `burst + 1` fall within the window.
+    t += spacing - 1;
+    assert!(r.record(t));
+    assert!(r.paused(t) && r.paused(t + RECYCLE_PAUSE - 1));
+    assert!(!r.paused(t + RECYCLE_PAUSE));
+    // After a pause the count starts again.
+    let t0 = t + RECYCLE_PAUSE;
+    for i in 0..burst {
+        assert!(!r.record(t0 + i));
+    }
+    assert!(r.record(t0 + burst));
+}
+
+/// RMM's `random_allocations` on one stream (every free complete), small: sizes uniform in
+/// `1..=max` bytes, allocating with probability 73 % while the live bytes stay under `cap`,
+/// else freeing a random live allocation. Calls `each(engine, recycled)` after every
+/// allocation with whether it unmapped memory to grow (an allocation on an empty engine may
+/// also unmap to pack, see `pack_idle`: those count as not recycled).
+fn random_churn(
+    e: &mut Engine,
+    b: &mut FakeBacking,
+    allocs: usize,
+    max: u64,
+    cap: u64,
+    mut each: impl FnMut(&Engine, bool),
+) {
+    let o = TestOrder::complete();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut live, mut bytes, mut pos, mut done) = (Vec::new(), 0, 0, 0);
+    while done < allocs {
+        let size = next() % max + 1;
+        if next() % 100 < 73 && bytes + size <= cap {
+            let (unmaps, empty) = (e.stats().unmap_calls, live.is_empty());
+            let a = e.alloc(size, 512, 0, &o, b).unwrap();
+            each(e, !empty && e.stats().unmap_calls > unmaps);
+            bytes += a.size;
+            live.push(a);
+            done += 1;
+        } else if !live.is_empty() {
+            let a = live.swap_remove((next() % live.len() as u64) as usize);
+            pos += 1;
+            e.free(a.block, tag(0, pos)).unwrap();
+            bytes -= a.size;
+        }
+    }
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn chronic_recycling_pauses_and_the_reserved_high_rises() {
+    use crate::engine::growth::{RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
+    let mut e = engine(1 << 40);
+    let mut b = FakeBacking::new();
+    // The allocation counts of the growths that recycled; when recycling paused, and the
+    // reserved high-water mark then.
+    let mut recycled_at = Vec::new();
+    let mut paused: Option<(u64, u64)> = None;
+    let mut churn = |e: &mut Engine, max: u64, recycled_at: &mut Vec<u64>| {
+        random_churn(e, &mut b, 6000, max, 1024 * G, |e, recycled| {
+            let now = e.stats().allocs - 1;
+            if let Some((p, _)) = paused {
+                assert!(!(recycled && now < p + RECYCLE_PAUSE), "recycled at {now}, paused at {p}");
+            }
+            if recycled {
+                recycled_at.push(now);
+            }
+            if paused.is_none() && e.stats().recycling_pauses == 1 {
+                paused = Some((now, e.stats().reserved_high));
+            }
+        });
+        paused
+    };
+    let (p, high_at_pause) = churn(&mut e, 16 * G, &mut recycled_at).expect("recycling paused");
+    // It paused at the first growth that ended a burst, not before.
+    let before: Vec<u64> = recycled_at.iter().copied().take_while(|&t| t <= p).collect();
+    let ends_burst =
+        |i: usize| i >= RECYCLE_BURST && before[i] - before[i - RECYCLE_BURST] < RECYCLE_WINDOW;
+    assert_eq!(before.last(), Some(&p));
+    assert!(ends_burst(before.len() - 1));
+    assert!(!(0..before.len() - 1).any(ends_burst));
+    // Paused, growth mapped above the mark recycling had held.
+    assert!(e.stats().reserved_high > high_at_pause);
+    // The pause ends: the same churn on larger blocks (beside the live ones left) grows
+    // above the new mark and recycles again.
+    let recycled_before = recycled_at.len();
+    churn(&mut e, 32 * G, &mut recycled_at);
+    assert!(recycled_at[recycled_before..].iter().any(|&t| t >= p + RECYCLE_PAUSE));
+    e.check_invariants().unwrap();
+}
+
+#[test]
 fn recycling_short_of_whole_segments_refines_later_growths() {
     let o = TestOrder::complete();
     let mut adaptive = engine(1 << 30);
