@@ -925,29 +925,41 @@ impl Engine {
 
     /// Validates a request: its rounded size and effective alignment.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose errors these are")]
+    #[inline(always)]
     fn checked_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
+        if let Some(a) = self.effective_align(align) {
+            // `round_size` with the alignment already validated and raised.
+            if let Some(size) = bytes.checked_add(a - 1).map(|b| b & !(a - 1)) {
+                if bytes != 0 && size <= self.cfg.range_size {
+                    return Ok((size, a));
+                }
+            }
+        }
+        Err(self.request_error(bytes, align))
+    }
+
+    /// Why [`Engine::checked_request`] refused `bytes` at alignment `align`.
+    #[cold]
+    #[inline(never)]
+    fn request_error(&self, bytes: u64, align: u64) -> AllocError {
         let Some(align) = self.effective_align(align) else {
-            return Err(AllocError::InvalidAlignment(format!(
+            return AllocError::InvalidAlignment(format!(
                 "alignment {align} is not a power of two in 1..={}",
                 self.cfg.granularity
-            )));
+            ));
         };
         if bytes == 0 {
-            return Err(AllocError::InvalidSize("size 0".into()));
+            return AllocError::InvalidSize("size 0".into());
         }
-        // `round_size` with the alignment already validated and raised.
-        let Some(size) = bytes.checked_add(align - 1).map(|b| b & !(align - 1)) else {
-            return Err(AllocError::InvalidSize(format!(
-                "size {bytes} overflows when rounded to {align}"
-            )));
-        };
-        if size > self.cfg.range_size {
-            return Err(AllocError::InvalidSize(format!(
+        match bytes.checked_add(align - 1).map(|b| b & !(align - 1)) {
+            None => {
+                AllocError::InvalidSize(format!("size {bytes} overflows when rounded to {align}"))
+            }
+            Some(size) => AllocError::InvalidSize(format!(
                 "size {bytes} (rounded {size}) exceeds the pool's range of {} bytes",
                 self.cfg.range_size
-            )));
+            )),
         }
-        Ok((size, align))
     }
 
     /// Frees a live block onto stream `tag.stream` at position `tag.pos` (the stream may

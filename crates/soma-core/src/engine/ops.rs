@@ -91,18 +91,30 @@ fn fits(b: &Block, size: u64, align: u64) -> bool {
 impl Engine {
     /// Puts free block `idx` (not in any index) into the index of its tag, creating the
     /// index on the stream's first free.
+    #[inline(always)]
     pub(super) fn insert_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
         let slot = index_slot(b.tagged, b.stream);
-        if slot >= self.indexes.len() {
-            self.indexes.resize_with(slot + 1, || None);
+        if !matches!(self.indexes.get(slot), Some(Some(_))) {
+            self.create_index(slot);
         }
-        let ix = self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
+        let ix = self.indexes[slot].as_mut().expect("created above");
         ix.insert(&mut self.slab.blocks, idx, self.unit_shift);
     }
 
+    /// Creates the free index of `slot` (on a stream's first free).
+    #[cold]
+    #[inline(never)]
+    fn create_index(&mut self, slot: usize) {
+        if slot >= self.indexes.len() {
+            self.indexes.resize_with(slot + 1, || None);
+        }
+        self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
+    }
+
     /// Takes free block `idx` out of its index.
+    #[inline(always)]
     pub(super) fn remove_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
@@ -373,6 +385,7 @@ impl Engine {
     }
 
     /// [`Engine::finish_alloc`] from an indexed free block, at its first aligned offset.
+    #[inline(always)]
     pub(super) fn commit_cached(
         &mut self,
         idx: u32,
@@ -432,6 +445,7 @@ impl Engine {
     /// # Time Complexity
     ///
     /// O(OWN_CLASS_SCAN + budget); O(OWN_CLASS_SCAN) without `bound`.
+    #[inline(always)]
     fn search(
         &self,
         slot: usize,
@@ -515,8 +529,23 @@ impl Engine {
         }
     }
 
+    /// [`Engine::search`] out of line, for other streams' indexes (inlined, it is for the
+    /// requester's own and the untagged index: every allocation searches those).
+    #[inline(never)]
+    fn search_other(
+        &self,
+        slot: usize,
+        size: u64,
+        align: u64,
+        bound: Option<u64>,
+        budget: usize,
+    ) -> Option<u32> {
+        self.search(slot, size, align, bound, budget)
+    }
+
     /// Steps 1 and 2 of the search order: the requesting stream's own and untagged blocks,
     /// then other streams' eligible blocks. Returns the block and the reuse rule.
+    #[inline(always)]
     pub(super) fn find_cached(
         &self,
         size: u64,
@@ -561,9 +590,9 @@ impl Engine {
                 continue;
             }
             let found = if bound > ix.max_pos {
-                self.search(slot, size, align, None, usize::MAX)
+                self.search_other(slot, size, align, None, usize::MAX)
             } else {
-                self.search(slot, size, align, Some(bound), CROSS_STREAM_BUDGET)
+                self.search_other(slot, size, align, Some(bound), CROSS_STREAM_BUDGET)
             };
             if let Some(i) = found {
                 let b = &self.slab.blocks[i as usize];
@@ -589,7 +618,7 @@ impl Engine {
             if slot == own_slot {
                 continue;
             }
-            if let Some(i) = self.search(slot, size, align, None, CROSS_STREAM_BUDGET) {
+            if let Some(i) = self.search_other(slot, size, align, None, CROSS_STREAM_BUDGET) {
                 let sz = self.slab.blocks[i as usize].size;
                 if best.is_none_or(|(_, b)| sz < b) {
                     best = Some((i, sz));

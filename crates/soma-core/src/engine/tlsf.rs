@@ -154,6 +154,7 @@ impl FreeIndex {
     /// # Time Complexity
     ///
     /// O(1).
+    #[inline(always)]
     pub fn insert(&mut self, blocks: &mut [Block], idx: u32, unit_shift: u32) {
         let b = &blocks[idx as usize];
         let (fl, sl) = class_of(b.size >> unit_shift);
@@ -184,6 +185,7 @@ impl FreeIndex {
     /// # Time Complexity
     ///
     /// O(1).
+    #[inline(always)]
     pub fn remove(&mut self, blocks: &mut [Block], idx: u32) {
         let b = &mut blocks[idx as usize];
         let (slot, prev_free, next_free, size) = (b.cls as usize, b.prev_free, b.next_free, b.size);
