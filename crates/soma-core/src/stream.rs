@@ -70,15 +70,19 @@ impl<'d> Stream<'d> {
         self.clock.lock()
     }
 
+    #[inline]
     pub(crate) fn check_device(&self, device: &Device, what: &str) -> Result<()> {
         if self.device.same_as(device) {
             Ok(())
         } else {
-            Err(Error::WrongDevice(format!(
-                "{what} belongs to another device than stream {}",
-                self.id()
-            )))
+            Err(self.wrong_device(what))
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wrong_device(&self, what: &str) -> Error {
+        Error::WrongDevice(format!("{what} belongs to another device than stream {}", self.id()))
     }
 
     /// Blocks until everything enqueued so far has completed, then applies the release

@@ -1118,29 +1118,36 @@ impl PoolCore {
         peers: &[&PoolCore],
     ) -> Result<Granted> {
         if let Some(native) = &self.native {
-            if let Some(e) = self.take_sticky(&mut self.lock()) {
-                return Err(e);
-            }
-            let ptr = native.malloc_async(bytes, &**stream.hal())?;
-            let size = bytes.div_ceil(self.alignment) * self.alignment;
-            return Ok(Granted { block: None, ptr, size, shard: 0 });
+            return self.allocate_native(&**native, bytes, stream);
         }
-        let mut hook_retried = false;
-        loop {
-            match self.try_allocate(device, bytes, stream, location, peers) {
-                Err(Error::OutOfMemory(oom)) if !hook_retried => {
-                    // Both the per-call hook and the pool's hook may free memory.
-                    let local = on_oom(&oom);
-                    let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
-                    if local == OomAction::Retry || global == OomAction::Retry {
-                        hook_retried = true;
-                        continue;
-                    }
-                    return Err(Error::OutOfMemory(oom));
+        match self.try_allocate(device, bytes, stream, location, peers) {
+            Err(Error::OutOfMemory(oom)) => {
+                // Both the per-call hook and the pool's hook may free memory: one retry.
+                let local = on_oom(&oom);
+                let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
+                if local == OomAction::Retry || global == OomAction::Retry {
+                    return self.try_allocate(device, bytes, stream, location, peers);
                 }
-                other => return other,
+                Err(Error::OutOfMemory(oom))
             }
+            other => other,
         }
+    }
+
+    /// [`PoolCore::allocate`] from the driver's own pool (a pool created on the native path).
+    #[inline(never)]
+    fn allocate_native(
+        &self,
+        native: &dyn crate::hal::NativePoolHal,
+        bytes: u64,
+        stream: &Stream<'_>,
+    ) -> Result<Granted> {
+        if let Some(e) = self.take_sticky(&mut self.lock()) {
+            return Err(e);
+        }
+        let ptr = native.malloc_async(bytes, &**stream.hal())?;
+        let size = bytes.div_ceil(self.alignment) * self.alignment;
+        Ok(Granted { block: None, ptr, size, shard: 0 })
     }
 
     fn try_allocate(
@@ -1359,8 +1366,25 @@ impl PoolCore {
 
     /// The success path of [`PoolCore::try_allocate`]: the dependency an internal-dependency
     /// reuse needs, annotations and history.
-    #[inline]
+    #[inline(always)]
     fn finish_allocate(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        allocation: Allocation,
+    ) -> Result<Allocation> {
+        if allocation.dependency.is_none() && !self.annotate && !self.history_on {
+            return Ok(allocation);
+        }
+        self.finish_allocate_slow(device, bytes, stream, location, allocation)
+    }
+
+    /// [`PoolCore::finish_allocate`] with a dependency to insert, an annotation or a history
+    /// record to make.
+    #[inline(never)]
+    fn finish_allocate_slow(
         &self,
         device: &DeviceShared,
         bytes: u64,
@@ -1469,7 +1493,22 @@ impl PoolCore {
     /// used the block, so that stream order alone covers all uses.
     /// Makes `stream` wait on an event recorded on each other stream in `uses` (now), so
     /// that `stream`'s later work is ordered after every recorded use.
+    #[inline]
     pub(crate) fn wait_for_uses(
+        &self,
+        device: &DeviceShared,
+        stream: &Stream<'_>,
+        uses: &[StreamSlot],
+    ) -> Result<()> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        self.wait_for_each_use(device, stream, uses)
+    }
+
+    /// [`PoolCore::wait_for_uses`] for a block used on other streams.
+    #[inline(never)]
+    fn wait_for_each_use(
         &self,
         device: &DeviceShared,
         stream: &Stream<'_>,
@@ -2010,6 +2049,7 @@ impl<'d> MemPool<'d> {
 
     /// Allocates for `stream` in its shard `home`; a sharded pool offers the other shards'
     /// cached memory first (see `shards.rs`).
+    #[inline]
     fn allocate(
         &self,
         home: &PoolCore,
