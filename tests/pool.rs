@@ -595,3 +595,40 @@ fn a_pool_with_work_in_flight_on_its_freed_memory_does_not_move_it() {
     gate.open();
     drop(next);
 }
+
+/// Recycling that has become chronic pauses (more than 64 growths in 512 allocations each
+/// recycled), and the pool's statistics show it, sharded or not: random sizes up to 32 MiB
+/// with about 2 GiB live, as in RMM's `random_allocations`.
+#[test]
+fn chronic_recycling_pauses_and_the_stats_count_it() {
+    let npu = npu_with_capacity(8 << 30);
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    for shards in [1, 2] {
+        let pool = MemPool::builder().stream_shards(shards).build(&dev).unwrap();
+        let (mut live, mut bytes, mut x) = (Vec::new(), 0usize, 0x9E37_79B9_7F4A_7C15u64);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut allocs = 0;
+        while allocs < 1500 {
+            let len = (next() % (32 * MIB) + 1) as usize;
+            if next() % 100 < 73 && bytes + len <= (2 << 30) {
+                live.push(pool.alloc_async::<u8>(len, &s).unwrap());
+                bytes += len;
+                allocs += 1;
+            } else if !live.is_empty() {
+                let a = live.swap_remove((next() % live.len() as u64) as usize);
+                bytes -= a.len();
+                drop(a);
+            }
+        }
+        let st = pool.stats();
+        assert!(st.recycling_pauses >= 1, "{shards} shard(s): {st:?}");
+        assert!(st.to_string().contains("recycling paused"), "{st}");
+        drop(live);
+    }
+}
