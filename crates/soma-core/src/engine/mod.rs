@@ -836,6 +836,7 @@ impl Engine {
         clippy::result_large_err,
         reason = "the API carries OomInfo by value; the error path is cold"
     )]
+    #[inline]
     pub fn alloc(
         &mut self,
         bytes: u64,
@@ -851,6 +852,22 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
+        self.alloc_uncached(bytes, size, align, stream, order, backing)
+    }
+
+    /// [`Engine::alloc`] when no cached block fits: rule 4 first if so configured, growth,
+    /// release and retry, rule 4, out of memory.
+    #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
+    #[inline(never)]
+    fn alloc_uncached(
+        &mut self,
+        bytes: u64,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing,
+    ) -> Result<Allocation, AllocError> {
         if self.dependency_first && order.internal_dependencies() {
             if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
