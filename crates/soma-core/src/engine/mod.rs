@@ -992,6 +992,7 @@ impl Engine {
     /// # Time Complexity
     ///
     /// O(1).
+    #[inline]
     pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
         let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
         let b = &mut self.slab.blocks[idx as usize];
@@ -1013,7 +1014,7 @@ impl Engine {
         self.stats.used -= size;
         self.stats.live_blocks -= 1;
         self.stats.frees += 1;
-        self.insert_free_coalesce(idx);
+        self.coalesce_and_index(idx);
         Ok(())
     }
 

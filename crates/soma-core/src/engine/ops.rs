@@ -169,7 +169,15 @@ impl Engine {
     /// # Time Complexity
     ///
     /// O(1).
+    #[inline(never)]
     pub(super) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
+        self.coalesce_and_index(idx)
+    }
+
+    /// [`Engine::insert_free_coalesce`], inlined: for [`Engine::free`], which every free
+    /// runs through.
+    #[inline(always)]
+    pub(super) fn coalesce_and_index(&mut self, idx: u32) -> u32 {
         let blocks = &self.slab.blocks;
         let b = &blocks[idx as usize];
         let (p, n) = (b.prev, b.next);
