@@ -184,7 +184,7 @@ impl Slab {
     /// Splits block `idx` at `at` (strictly inside it): `idx` keeps `[offset, at)`, a new
     /// record with the same kind and tag takes `[at, end)` and is returned. Neither part is
     /// put into a free list.
-    #[inline]
+    #[inline(always)]
     pub fn split(&mut self, idx: u32, at: u64) -> u32 {
         let old = &mut self.blocks[idx as usize];
         debug_assert!(at > old.offset && at < old.end());

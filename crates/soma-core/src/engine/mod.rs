@@ -779,6 +779,7 @@ impl Engine {
 
     /// The effective alignment of a request (`max(align, cfg.alignment)`), or `None` when
     /// `align` is 0, not a power of two or larger than the granularity.
+    #[inline]
     fn effective_align(&self, align: u64) -> Option<u64> {
         (align != 0 && align.is_power_of_two() && align <= self.cfg.granularity)
             .then(|| align.max(self.cfg.alignment))
