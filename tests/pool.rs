@@ -5,6 +5,8 @@ mod common;
 
 use common::{device_of, npu, npu_with_capacity, Gate};
 use soma::{attr, Error, KernelArg, MemPool, ReusePolicy};
+use soma_tools::baselines::SomaApi;
+use soma_tools::workload::{random_allocations, replay, SEED};
 
 const MIB: u64 = 1 << 20;
 
@@ -597,38 +599,20 @@ fn a_pool_with_work_in_flight_on_its_freed_memory_does_not_move_it() {
 }
 
 /// Recycling that has become chronic pauses (more than 64 growths in 512 allocations each
-/// recycled), and the pool's statistics show it, sharded or not: random sizes up to 32 MiB
-/// with about 2 GiB live, as in RMM's `random_allocations`.
+/// recycled), and the pool's statistics show it, sharded or not: RMM's `random_allocations`
+/// with sizes up to 32 MiB and 2 GiB live.
 #[test]
 fn chronic_recycling_pauses_and_the_stats_count_it() {
     let npu = npu_with_capacity(8 << 30);
     let dev = device_of(&npu);
     let s = dev.create_stream().unwrap();
+    let w = random_allocations(1500, 32, 2048, SEED);
     for shards in [1, 2] {
         let pool = MemPool::builder().stream_shards(shards).build(&dev).unwrap();
-        let (mut live, mut bytes, mut x) = (Vec::new(), 0usize, 0x9E37_79B9_7F4A_7C15u64);
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let mut allocs = 0;
-        while allocs < 1500 {
-            let len = (next() % (32 * MIB) + 1) as usize;
-            if next() % 100 < 73 && bytes + len <= (2 << 30) {
-                live.push(pool.alloc_async::<u8>(len, &s).unwrap());
-                bytes += len;
-                allocs += 1;
-            } else if !live.is_empty() {
-                let a = live.swap_remove((next() % live.len() as u64) as usize);
-                bytes -= a.len();
-                drop(a);
-            }
-        }
+        let left = replay(&mut SomaApi::new(&pool, &s), &w.ops, w.slots);
         let st = pool.stats();
         assert!(st.recycling_pauses >= 1, "{shards} shard(s): {st:?}");
         assert!(st.to_string().contains("recycling paused"), "{st}");
-        drop(live);
+        drop(left);
     }
 }
