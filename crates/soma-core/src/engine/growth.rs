@@ -74,18 +74,22 @@ pub(super) const RECYCLE_PAUSE: u64 = 4096;
 /// When growth last recycled, to pause recycling while it is chronic ([`RECYCLE_BURST`]).
 #[derive(Clone, Debug)]
 pub(super) struct RecycleRate {
-    /// The allocation count at the last `RECYCLE_BURST` recycling growths (a ring; `None`:
-    /// fewer since the engine was created or last paused).
-    recent: [Option<u64>; RECYCLE_BURST],
+    /// The allocation count at the last `RECYCLE_BURST` recycling growths (a ring;
+    /// [`NO_GROWTH`]: fewer since the engine was created or last paused).
+    recent: [u64; RECYCLE_BURST],
     /// Where the ring's oldest entry is.
     next: usize,
     /// Growth does not recycle before the allocation count reaches this.
     paused_until: u64,
 }
 
+/// An empty slot of [`RecycleRate::recent`] (an allocation count never reaches it), so that
+/// the ring takes 8 bytes per entry rather than an `Option<u64>`'s 16.
+const NO_GROWTH: u64 = u64::MAX;
+
 impl Default for RecycleRate {
     fn default() -> Self {
-        RecycleRate { recent: [None; RECYCLE_BURST], next: 0, paused_until: 0 }
+        RecycleRate { recent: [NO_GROWTH; RECYCLE_BURST], next: 0, paused_until: 0 }
     }
 }
 
@@ -99,9 +103,9 @@ impl RecycleRate {
     /// pauses from here: this growth and the `RECYCLE_BURST` before it all fell within
     /// [`RECYCLE_WINDOW`] allocations.
     pub(super) fn record(&mut self, now: u64) -> bool {
-        let oldest = self.recent[self.next].replace(now);
+        let oldest = std::mem::replace(&mut self.recent[self.next], now);
         self.next = (self.next + 1) % RECYCLE_BURST;
-        if oldest.is_some_and(|t| now - t < RECYCLE_WINDOW) {
+        if oldest != NO_GROWTH && now - oldest < RECYCLE_WINDOW {
             *self = RecycleRate { paused_until: now + RECYCLE_PAUSE, ..RecycleRate::default() };
             return true;
         }
