@@ -16,6 +16,13 @@
 //! One criterion iteration = one op on every thread; the time reported is wall time / (ops
 //! of all threads): aggregate ns per op. Ids: `multi_stream/threads/<1|4>` (default pool)
 //! and `multi_stream/sharded/<1|4>`.
+//!
+//! Interleaved rounds: after criterion, the four loops run again in [`ROUNDS`] rounds of
+//! [`ROUND_OPS`] ops per thread each, in an order that rotates from round to round, so that
+//! a ratio of two loops can be taken within one round (the same minutes of a shared
+//! machine) instead of between criterion means measured minutes apart. Recorded in
+//! `<target>/soma-bench/multi_stream_paired.json`: loop id → aggregate ns per op of each
+//! round, in round order.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -31,6 +38,10 @@ use soma_tools::workload::{random_allocations, Workload, SEED};
 
 const THREADS: usize = 4;
 const WAIT_EVERY: u64 = 64;
+/// Interleaved rounds (5 with `SOMA_BENCH_QUICK=1`).
+const ROUNDS: usize = 15;
+/// Ops per thread in one loop of a round.
+const ROUND_OPS: u64 = 40_000;
 
 fn thread_loop(pool: &MemPool<'_>, streams: &[Stream<'_>], i: usize, w: &Workload, iters: u64) {
     let s = &streams[i];
@@ -72,12 +83,14 @@ fn multi(c: &mut Criterion) {
         (0..THREADS).map(|t| random_allocations(4096, 1, 256, SEED + t as u64)).collect();
     let mut g = c.benchmark_group("multi_stream");
     let mut json = Vec::new();
-    for (name, shards, threads) in [
+    let loops: Vec<(String, Vec<Stream<'_>>, MemPool<'_>)> = [
         ("threads", 1, 1),
         ("threads", 1, THREADS),
         ("sharded", THREADS, 1),
         ("sharded", THREADS, THREADS),
-    ] {
+    ]
+    .into_iter()
+    .map(|(name, shards, threads)| {
         let streams: Vec<Stream<'_>> =
             (0..threads).map(|_| dev.create_stream().expect("stream")).collect();
         let pool = MemPool::builder()
@@ -85,14 +98,21 @@ fn multi(c: &mut Criterion) {
             .stream_shards(shards)
             .build(&dev)
             .expect("pool");
+        (format!("{name}/{threads}"), streams, pool)
+    })
+    .collect();
+    for (id, streams, pool) in &loops {
+        let threads = streams.len();
+        let (name, _) = id.split_once('/').expect("name/threads");
         g.bench_function(BenchmarkId::new(name, threads), |b| {
-            b.iter_custom(|iters| run(&pool, &streams, &works, iters) / threads as u32)
+            b.iter_custom(|iters| run(pool, streams, &works, iters) / threads as u32)
         });
         let st = pool.stats();
         json.push(format!(
-            "{{\"threads\":{threads},\"shards\":{shards},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
+            "{{\"threads\":{threads},\"shards\":{},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
              \"event_dependency\":{},\"opportunistic\":{},\"host_synchronized\":{},\"fresh\":{},\
              \"map_calls\":{},\"reserved_high\":{},\"used_high\":{}}}",
+            if name == "sharded" { THREADS } else { 1 },
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             st.allocations,
             st.reuses.same_stream,
@@ -104,13 +124,48 @@ fn multi(c: &mut Criterion) {
             st.reserved_high,
             st.used_high
         ));
-        drop(pool);
-        for s in &streams {
-            s.synchronize().expect("sync");
-        }
     }
     g.finish();
     common::write_json("multi_stream", &format!("[{}]\n", json.join(",\n")));
+    interleaved(&loops, &works);
+}
+
+/// The interleaved rounds over every loop the filter selects (none when fewer than two
+/// are): round `r` starts at loop `r mod k`.
+fn interleaved(loops: &[(String, Vec<Stream<'_>>, MemPool<'_>)], works: &[Workload]) {
+    let chosen: Vec<_> = loops
+        .iter()
+        .filter(|(id, _, _)| common::maybe_selected(&format!("multi_stream/{id}")))
+        .collect();
+    if chosen.len() < 2 {
+        return;
+    }
+    let rounds = if common::quick() { 5 } else { ROUNDS };
+    let k = chosen.len();
+    let mut ns: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); k];
+    for r in 0..rounds {
+        for i in 0..k {
+            let j = (r + i) % k;
+            let (_, streams, pool) = chosen[j];
+            let d = run(pool, streams, works, ROUND_OPS);
+            ns[j].push(d.as_nanos() as f64 / (ROUND_OPS * streams.len() as u64) as f64);
+        }
+    }
+    let entries: Vec<String> = chosen
+        .iter()
+        .zip(&ns)
+        .map(|((id, _, _), v)| {
+            let v: Vec<String> = v.iter().map(|x| format!("{:.1}", x)).collect();
+            format!("\"{id}\":[{}]", v.join(","))
+        })
+        .collect();
+    common::write_json("multi_stream_paired", &format!("{{{}}}\n", entries.join(",\n")));
+    println!("multi_stream: {rounds} interleaved rounds of {k} loops");
+    for (_, streams, _) in loops {
+        for s in streams {
+            s.synchronize().expect("sync");
+        }
+    }
 }
 
 fn config() -> Criterion {

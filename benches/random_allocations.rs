@@ -29,6 +29,13 @@
 //! the first / second replay). A run with a benchmark filter measures only the selected
 //! (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
+//! Interleaved rounds: after criterion, the cell's fast allocators (every one but the seed's
+//! first fit and the driver path) replay in [`ROUNDS`] rounds, one timed replay each per
+//! round, in an order that rotates from round to round. On a shared machine whose load moves
+//! between criterion's runs of two allocators, the ratio of two figures of the same round is
+//! far steadier than the ratio of two criterion means taken minutes apart. Recorded per cell
+//! as `paired_ns_per_op` (allocator → ns per op of each round, in round order).
+//!
 //! The driver path runs only for n ≤ 10 000 (about 6 µs per call on soma-sim: the
 //! n = 100 000 cells would take minutes); the seed's first fit only where its O(free-list)
 //! cost keeps one replay under ~2 s (n ≤ 10 000, and n = 100 000 with max_size ≥ 64 MiB,
@@ -58,7 +65,7 @@ const MAX_SIZES_MIB: [u64; 4] = [1, 4, 64, 256];
 const MAX_USAGE_MIB: u64 = 16_000;
 
 /// The per-allocator maps of one cell's JSON object.
-const MAPS: [&str; 7] = [
+const MAPS: [&str; 8] = [
     "cold_ns_per_op",
     "cold_map_calls",
     "cold_unmap_calls",
@@ -66,7 +73,11 @@ const MAPS: [&str; 7] = [
     "warm_unmap_calls",
     "cold_reserved_high",
     "warm_reserved_high",
+    "paired_ns_per_op",
 ];
+
+/// Interleaved rounds per cell (5 with `SOMA_BENCH_QUICK=1`).
+const ROUNDS: usize = 15;
 
 /// What one run measured outside criterion: per cell, per map key, allocator → value.
 #[derive(Default)]
@@ -112,7 +123,7 @@ fn bench<A: Allocator>(
     facts: &mut Facts,
     cell: &str,
     w: &Workload,
-    mut a: A,
+    a: &mut A,
 ) {
     let name = a.name();
     if !common::maybe_selected(&format!("random_allocations/{name}/{cell}")) {
@@ -120,11 +131,11 @@ fn bench<A: Allocator>(
     }
     facts.measured.push((name.to_owned(), cell.to_owned()));
 
-    let cold = ns_per_op(timed_replay(&mut a, w), w);
+    let cold = ns_per_op(timed_replay(a, w), w);
     let cold_calls = a.driver_calls();
     facts.put(cell, "cold_ns_per_op", name, json!((cold * 10.0).round() / 10.0));
     facts.put(cell, "cold_reserved_high", name, json!(a.reserved_high()));
-    let second = ns_per_op(timed_replay(&mut a, w), w);
+    let second = ns_per_op(timed_replay(a, w), w);
     facts.put(cell, "warm_reserved_high", name, json!(a.reserved_high()));
     let mut calls = String::new();
     if let (Some((m1, u1)), Some((m2, u2))) = (cold_calls, a.driver_calls()) {
@@ -158,11 +169,54 @@ fn bench<A: Allocator>(
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                total += timed_replay(&mut a, w);
+                total += timed_replay(a, w);
             }
             total / ops
         })
     });
+}
+
+/// An allocator of the interleaved rounds, its handle type hidden.
+trait Replayer {
+    fn name(&self) -> &'static str;
+    /// One timed replay of `w` (everything freed afterwards, untimed): ns per op.
+    fn replay_ns(&mut self, w: &Workload) -> f64;
+}
+
+impl<A: Allocator> Replayer for A {
+    fn name(&self) -> &'static str {
+        Allocator::name(self)
+    }
+    fn replay_ns(&mut self, w: &Workload) -> f64 {
+        ns_per_op(timed_replay(self, w), w)
+    }
+}
+
+/// The interleaved rounds of one cell over `allocators` (those the filter selects; none
+/// when fewer than two are). Round `r` starts at allocator `r mod k` and goes round, so that
+/// every allocator runs first, last and in between equally often.
+fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&mut dyn Replayer]) {
+    let mut chosen: Vec<&mut &mut dyn Replayer> = allocators
+        .iter_mut()
+        .filter(|a| common::maybe_selected(&format!("random_allocations/{}/{cell}", a.name())))
+        .collect();
+    if chosen.len() < 2 {
+        return;
+    }
+    let rounds = if common::quick() { 5 } else { ROUNDS };
+    let k = chosen.len();
+    let mut ns: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); k];
+    for r in 0..rounds {
+        for i in 0..k {
+            let j = (r + i) % k;
+            ns[j].push(chosen[j].replay_ns(w));
+        }
+    }
+    for (a, v) in chosen.iter().zip(ns) {
+        let rounded: Vec<f64> = v.iter().map(|x| (x * 10.0).round() / 10.0).collect();
+        facts.put(cell, "paired_ns_per_op", a.name(), json!(rounded));
+    }
+    println!("random_allocations/{cell}: {rounds} interleaved rounds of {k} allocators");
 }
 
 /// The previous run's JSON array at `<out_dir>/<name>.json` (empty when absent or invalid).
@@ -253,26 +307,43 @@ fn random(c: &mut Criterion) {
             ));
             // The public API: one pool per cell, reused by every replay (pool creation is
             // not timed).
-            {
-                let pool = MemPool::builder().build(&dev).expect("pool");
-                bench(&mut g, &mut facts, &cell, &w, SomaApi::new(&pool, &s));
-            }
-            {
-                let pool = MemPool::builder().recycle_on_growth(false).build(&dev).expect("pool");
-                bench(&mut g, &mut facts, &cell, &w, SomaApi::named(&pool, &s, "soma-retain"));
-            }
-            bench(&mut g, &mut facts, &cell, &w, SomaEngine::new(RANGE, 512));
-            bench(&mut g, &mut facts, &cell, &w, SomaEngine::with_recycling(RANGE, 512, false));
-            bench(&mut g, &mut facts, &cell, &w, OffsetAlloc::new(RANGE, (2 * n + 1024) as u32));
-            bench(&mut g, &mut facts, &cell, &w, Tlsf::new(RANGE));
-            bench(&mut g, &mut facts, &cell, &w, SomaReplica::new(1 << 46));
+            let pool = MemPool::builder().build(&dev).expect("pool");
+            let retaining = MemPool::builder().recycle_on_growth(false).build(&dev).expect("pool");
+            let mut api = SomaApi::new(&pool, &s);
+            let mut api_retain = SomaApi::named(&retaining, &s, "soma-retain");
+            let mut engine = SomaEngine::new(RANGE, 512);
+            let mut engine_retain = SomaEngine::with_recycling(RANGE, 512, false);
+            let mut offset = OffsetAlloc::new(RANGE, (2 * n + 1024) as u32);
+            let mut tlsf = Tlsf::new(RANGE);
+            let mut replica = SomaReplica::new(1 << 46);
+            bench(&mut g, &mut facts, &cell, &w, &mut api);
+            bench(&mut g, &mut facts, &cell, &w, &mut api_retain);
+            bench(&mut g, &mut facts, &cell, &w, &mut engine);
+            bench(&mut g, &mut facts, &cell, &w, &mut engine_retain);
+            bench(&mut g, &mut facts, &cell, &w, &mut offset);
+            bench(&mut g, &mut facts, &cell, &w, &mut tlsf);
+            bench(&mut g, &mut facts, &cell, &w, &mut replica);
             if n <= 10_000 || max >= 64 {
-                bench(&mut g, &mut facts, &cell, &w, SeedFirstFit::new(RANGE));
+                bench(&mut g, &mut facts, &cell, &w, &mut SeedFirstFit::new(RANGE));
             }
             if n <= 10_000 {
-                let d = DriverPath::new(&**dev.hal(), dev.info().granularity);
-                bench(&mut g, &mut facts, &cell, &w, d);
+                let mut d = DriverPath::new(&**dev.hal(), dev.info().granularity);
+                bench(&mut g, &mut facts, &cell, &w, &mut d);
             }
+            interleaved(
+                &mut facts,
+                &cell,
+                &w,
+                &mut [
+                    &mut api,
+                    &mut api_retain,
+                    &mut engine,
+                    &mut engine_retain,
+                    &mut offset,
+                    &mut tlsf,
+                    &mut replica,
+                ],
+            );
         }
     }
     g.finish();
