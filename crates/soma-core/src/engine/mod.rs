@@ -179,6 +179,7 @@ mod tlsf;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 
 use block::{Kind, Slab, NIL};
 use tlsf::FreeIndex;
@@ -328,31 +329,43 @@ impl EngineConfig {
 /// never match a later block: the record's 32-bit generation, bumped every time the record
 /// becomes live or vacant, is part of the id (a stale id could only alias after 2^31 reuses
 /// of the same record).
+///
+/// Eight bytes, and so is `Option<BlockId>`: a block's generation is never 0 while it is
+/// live (the bump that would wrap to 0 gives 1), so no id the engine hands out is the word 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BlockId(u64);
+pub struct BlockId(NonZeroU64);
+
+/// What [`BlockId::from_raw`] makes of the word 0: the null record index with generation 0,
+/// which names no block either.
+const NO_BLOCK: NonZeroU64 = match NonZeroU64::new(0xffff_ffff) {
+    Some(w) => w,
+    None => panic!("the word is not 0"),
+};
 
 impl BlockId {
     fn new(idx: u32, generation: u32) -> BlockId {
-        BlockId((u64::from(generation) << 32) | u64::from(idx))
+        BlockId::from_raw((u64::from(generation) << 32) | u64::from(idx))
     }
 
     fn index(self) -> u32 {
-        self.0 as u32
+        self.0.get() as u32
     }
 
-    /// The id as one word, e.g. to keep it in an atomic (the pool's lock-free free ring).
+    /// The id as one word, e.g. to keep it in an atomic (the pool's lock-free free ring):
+    /// the record index in the low 32 bits, the generation in the high ones.
     pub fn to_raw(self) -> u64 {
-        self.0
+        self.0.get()
     }
 
     /// The id [`to_raw`](Self::to_raw) gave. An arbitrary word is a valid `BlockId` value:
-    /// the engine rejects ids that name no block.
+    /// the engine rejects ids that name no block. The round trip is exact for every id the
+    /// engine hands out; 0, which names no block, comes back as another word that names none.
     pub fn from_raw(raw: u64) -> BlockId {
-        BlockId(raw)
+        BlockId(NonZeroU64::new(raw).unwrap_or(NO_BLOCK))
     }
 
     fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        (self.0.get() >> 32) as u32
     }
 }
 

@@ -373,7 +373,8 @@ impl Engine {
             m.stream = 0;
             m.pos = 0;
             m.align_log2 = align.trailing_zeros() as u8;
-            m.generation = m.generation.wrapping_add(1);
+            // Never 0 while live, which keeps `Option<BlockId>` one word (see `BlockId`).
+            m.generation = m.generation.wrapping_add(1).max(1);
             m.generation
         };
         let s = &mut self.stats;

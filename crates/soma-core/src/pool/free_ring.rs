@@ -293,9 +293,10 @@ impl FreeRing {
 mod tests {
     use super::*;
 
+    /// Entry `n`: block word `n + 1` (0 names no block, see `BlockId::from_raw`).
     fn entry(n: u64) -> RingedFree {
         RingedFree {
-            block: BlockId::from_raw(n),
+            block: BlockId::from_raw(n + 1),
             offset: n * 512,
             size: 512,
             tag: FreeTag { stream: (n % 3) as StreamSlot, pos: n + 100 },
@@ -400,7 +401,7 @@ mod tests {
         r.drain(|x| taken.lock().unwrap().push(x.block.to_raw()));
         let mut all = taken.into_inner().unwrap();
         all.sort_unstable();
-        let expect: Vec<u64> = (0..2 * per_thread).collect();
+        let expect: Vec<u64> = (1..=2 * per_thread).collect();
         assert_eq!(all, expect);
     }
 }

@@ -346,6 +346,31 @@ fn stale_ids_and_double_frees() {
 }
 
 #[test]
+fn block_ids_are_one_word_and_round_trip_through_raw() {
+    use crate::engine::BlockId;
+    assert_eq!(std::mem::size_of::<BlockId>(), 8);
+    assert_eq!(std::mem::size_of::<Option<BlockId>>(), 8);
+    for (idx, generation) in [(0, 1), (7, 1), (0, u32::MAX), (NIL - 1, u32::MAX), (NIL, 2)] {
+        let id = BlockId::new(idx, generation);
+        assert_eq!((id.index(), id.generation()), (idx, generation));
+        assert_eq!(BlockId::from_raw(id.to_raw()), id);
+        assert_eq!(id.to_raw(), (u64::from(generation) << 32) | u64::from(idx));
+    }
+    // The word 0 (record 0, generation 0: never a live block's id) names no block, before
+    // and after the mapping.
+    let none = BlockId::from_raw(0);
+    assert_eq!((none.index(), none.generation()), (NIL, 0));
+    let mut e = engine(8 * G);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, 4096, 0);
+    assert_eq!(e.free(none, tag(0, 1)), Err(FreeError::UnknownBlock));
+    assert_eq!(e.block(none), None);
+    assert_eq!(e.free(BlockId::from_raw(x.block.to_raw()), tag(0, 2)), Ok(()));
+    e.check_invariants().unwrap();
+}
+
+#[test]
 fn lookup_by_offset() {
     let mut e = engine(8 * G);
     let mut b = FakeBacking::new();
