@@ -17,7 +17,7 @@
 //! of all threads): aggregate ns per op. Ids: `multi_stream/threads/<1|4>` (default pool)
 //! and `multi_stream/sharded/<1|4>`.
 //!
-//! Interleaved rounds: after criterion, the four loops run again in [`ROUNDS`] rounds of
+//! Interleaved rounds: after criterion, the four loops run again in [`common::ROUNDS`] rounds of
 //! [`ROUND_OPS`] ops per thread each, in an order that rotates from round to round, so that
 //! a ratio of two loops can be taken within one round (the same minutes of a shared
 //! machine) instead of between criterion means measured minutes apart. Recorded in
@@ -38,8 +38,6 @@ use soma_tools::workload::{random_allocations, Workload, SEED};
 
 const THREADS: usize = 4;
 const WAIT_EVERY: u64 = 64;
-/// Interleaved rounds (5 with `SOMA_BENCH_QUICK=1`).
-const ROUNDS: usize = 15;
 /// Ops per thread in one loop of a round.
 const ROUND_OPS: u64 = 40_000;
 
@@ -130,8 +128,8 @@ fn multi(c: &mut Criterion) {
     interleaved(&loops, &works);
 }
 
-/// The interleaved rounds over every loop the filter selects (none when fewer than two
-/// are): round `r` starts at loop `r mod k`.
+/// [`common::interleaved_rounds`] over every loop the filter selects (none when fewer than
+/// two are), [`ROUND_OPS`] ops per thread each.
 fn interleaved(loops: &[(String, Vec<Stream<'_>>, MemPool<'_>)], works: &[Workload]) {
     let chosen: Vec<_> = loops
         .iter()
@@ -140,17 +138,11 @@ fn interleaved(loops: &[(String, Vec<Stream<'_>>, MemPool<'_>)], works: &[Worklo
     if chosen.len() < 2 {
         return;
     }
-    let rounds = if common::quick() { 5 } else { ROUNDS };
-    let k = chosen.len();
-    let mut ns: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); k];
-    for r in 0..rounds {
-        for i in 0..k {
-            let j = (r + i) % k;
-            let (_, streams, pool) = chosen[j];
-            let d = run(pool, streams, works, ROUND_OPS);
-            ns[j].push(d.as_nanos() as f64 / (ROUND_OPS * streams.len() as u64) as f64);
-        }
-    }
+    let ns = common::interleaved_rounds(chosen.len(), |j| {
+        let (_, streams, pool) = chosen[j];
+        let d = run(pool, streams, works, ROUND_OPS);
+        d.as_nanos() as f64 / (ROUND_OPS * streams.len() as u64) as f64
+    });
     let entries: Vec<String> = chosen
         .iter()
         .zip(&ns)
@@ -160,7 +152,7 @@ fn interleaved(loops: &[(String, Vec<Stream<'_>>, MemPool<'_>)], works: &[Worklo
         })
         .collect();
     common::write_json("multi_stream_paired", &format!("{{{}}}\n", entries.join(",\n")));
-    println!("multi_stream: {rounds} interleaved rounds of {k} loops");
+    println!("multi_stream: {} interleaved rounds of {} loops", ns[0].len(), ns.len());
     for (_, streams, _) in loops {
         for s in streams {
             s.synchronize().expect("sync");

@@ -30,7 +30,7 @@
 //! (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
 //! Interleaved rounds: after criterion, the cell's fast allocators (every one but the seed's
-//! first fit and the driver path) replay in [`ROUNDS`] rounds, one timed replay each per
+//! first fit and the driver path) replay in [`common::ROUNDS`] rounds, one timed replay each per
 //! round, in an order that rotates from round to round. On a shared machine whose load moves
 //! between criterion's runs of two allocators, the ratio of two figures of the same round is
 //! far steadier than the ratio of two criterion means taken minutes apart. Recorded per cell
@@ -75,9 +75,6 @@ const MAPS: [&str; 8] = [
     "warm_reserved_high",
     "paired_ns_per_op",
 ];
-
-/// Interleaved rounds per cell (5 with `SOMA_BENCH_QUICK=1`).
-const ROUNDS: usize = 15;
 
 /// What one run measured outside criterion: per cell, per map key, allocator → value.
 #[derive(Default)]
@@ -192,9 +189,8 @@ impl<A: Allocator> Replayer for A {
     }
 }
 
-/// The interleaved rounds of one cell over `allocators` (those the filter selects; none
-/// when fewer than two are). Round `r` starts at allocator `r mod k` and goes round, so that
-/// every allocator runs first, last and in between equally often.
+/// [`common::interleaved_rounds`] of one cell over `allocators` (those the filter selects;
+/// none when fewer than two are), one warm replay each per round.
 fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&mut dyn Replayer]) {
     let mut chosen: Vec<&mut &mut dyn Replayer> = allocators
         .iter_mut()
@@ -203,15 +199,8 @@ fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&m
     if chosen.len() < 2 {
         return;
     }
-    let rounds = if common::quick() { 5 } else { ROUNDS };
-    let k = chosen.len();
-    let mut ns: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); k];
-    for r in 0..rounds {
-        for i in 0..k {
-            let j = (r + i) % k;
-            ns[j].push(chosen[j].replay_ns(w));
-        }
-    }
+    let ns = common::interleaved_rounds(chosen.len(), |j| chosen[j].replay_ns(w));
+    let (rounds, k) = (ns[0].len(), ns.len());
     for (a, v) in chosen.iter().zip(ns) {
         let rounded: Vec<f64> = v.iter().map(|x| (x * 10.0).round() / 10.0).collect();
         facts.put(cell, "paired_ns_per_op", a.name(), json!(rounded));

@@ -13,6 +13,26 @@ pub fn quick() -> bool {
     std::env::var("SOMA_BENCH_QUICK").is_ok_and(|v| v == "1")
 }
 
+/// Interleaved rounds of the benches that report ratios within a round (5 with
+/// `SOMA_BENCH_QUICK=1`).
+pub const ROUNDS: usize = 15;
+
+/// Runs `k` measurements in [`ROUNDS`] interleaved rounds: every round calls `measure(j)`
+/// once for each `j` in `0..k`, round `r` starting at `r mod k` and going round, so that each
+/// runs first, last and in between equally often. Returns, per `j`, its figure of each round
+/// in round order.
+pub fn interleaved_rounds(k: usize, mut measure: impl FnMut(usize) -> f64) -> Vec<Vec<f64>> {
+    let rounds = if quick() { 5 } else { ROUNDS };
+    let mut figures: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); k];
+    for r in 0..rounds {
+        for i in 0..k {
+            let j = (r + i) % k;
+            figures[j].push(measure(j));
+        }
+    }
+    figures
+}
+
 /// Criterion for fast, steady-state loops (hot path).
 pub fn fast_config() -> Criterion {
     let c = Criterion::default().configure_from_args();
