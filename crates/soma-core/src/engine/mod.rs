@@ -808,7 +808,7 @@ impl Engine {
         if bytes == 0 {
             return None;
         }
-        bytes.checked_add(align - 1).map(|b| b & !(align - 1))
+        checked_align_up(bytes, align)
     }
 
     /// Rule 4: takes the best other stream's cached block that fits, returning the allocation
@@ -960,7 +960,7 @@ impl Engine {
     fn checked_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
         if let Some(a) = self.effective_align(align) {
             // `round_size` with the alignment already validated and raised.
-            if let Some(size) = bytes.checked_add(a - 1).map(|b| b & !(a - 1)) {
+            if let Some(size) = checked_align_up(bytes, a) {
                 if bytes != 0 && size <= self.cfg.range_size {
                     return Ok((size, a));
                 }
@@ -982,7 +982,7 @@ impl Engine {
         if bytes == 0 {
             return AllocError::InvalidSize("size 0".into());
         }
-        match bytes.checked_add(align - 1).map(|b| b & !(align - 1)) {
+        match checked_align_up(bytes, align) {
             None => {
                 AllocError::InvalidSize(format!("size {bytes} overflows when rounded to {align}"))
             }
@@ -1294,6 +1294,12 @@ impl Engine {
 #[inline]
 fn align_up(x: u64, a: u64) -> u64 {
     (x + a - 1) & !(a - 1)
+}
+
+/// [`align_up`] for any `x`: `None` when the rounded value overflows.
+#[inline(always)]
+fn checked_align_up(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|b| b & !(a - 1))
 }
 
 /// `x` rounded down to a multiple of the power of two `a`.
