@@ -2,6 +2,7 @@
 
 use std::marker::PhantomData;
 
+use once_cell::race::OnceBox;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
@@ -38,7 +39,7 @@ pub struct PoolAlloc<'s, T> {
     ptr: DevicePtr,
     len: usize,
     /// Other streams that used the block since it was allocated.
-    uses: Mutex<SmallVec<[StreamSlot; 2]>>,
+    uses: OtherUses,
     /// False once freed or handed off (then `Drop` does nothing).
     live: bool,
     /// The pool's shard that holds the block.
@@ -59,7 +60,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
             block: granted.block,
             ptr: granted.ptr,
             len,
-            uses: Mutex::new(SmallVec::new()),
+            uses: OtherUses::default(),
             live: true,
             shard: granted.shard,
             _elem: PhantomData,
@@ -84,7 +85,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     pub fn free(mut self) -> Result<()> {
         self.live = false;
         let location = std::panic::Location::caller();
-        let uses = std::mem::take(&mut *self.uses.lock());
+        let uses = self.uses.take();
         let device = &self.pool.device().shared;
         self.pool_core().free_typed(
             device,
@@ -110,7 +111,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         let event = self.stream.record_event()?;
         to.wait_event(&event)?;
         self.live = false;
-        let mut uses = std::mem::take(&mut *self.uses.lock());
+        let mut uses = self.uses.take();
         uses.retain(|s| *s != to.slot());
         Ok(PoolAlloc {
             pool: self.pool,
@@ -118,7 +119,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
             block: self.block,
             ptr: self.ptr,
             len: self.len,
-            uses: Mutex::new(uses),
+            uses: OtherUses::from_list(uses),
             live: true,
             shard: self.shard,
             _elem: PhantomData,
@@ -170,7 +171,7 @@ impl<T> PoolAlloc<'_, T> {
 
     /// The other streams that used the allocation so far.
     pub(crate) fn uses_snapshot(&self) -> SmallVec<[StreamSlot; 2]> {
-        self.uses.lock().clone()
+        self.uses.snapshot()
     }
 
     /// Points the allocation at a new block; returns the old block, pointer and recorded uses.
@@ -181,7 +182,7 @@ impl<T> PoolAlloc<'_, T> {
     ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamSlot; 2]>) {
         let old = self.block.replace(block);
         let old_ptr = std::mem::replace(&mut self.ptr, ptr);
-        (old, old_ptr, std::mem::take(&mut *self.uses.lock()))
+        (old, old_ptr, self.uses.take())
     }
 }
 
@@ -190,22 +191,54 @@ impl<T> Drop for PoolAlloc<'_, T> {
         if !self.live {
             return;
         }
-        // `&mut self`: no other reference exists, so the uses need no lock.
         let bytes = self.byte_len_internal();
-        let uses = self.uses.get_mut();
+        let uses = self.uses.take();
         let core = self.pool.core_at(self.shard);
         let result = core.free_typed(
             &self.pool.device().shared,
             (self.block, self.ptr),
             bytes,
             self.stream,
-            uses,
+            &uses,
             None,
         );
         if let Err(e) = result {
             // Never panic, never print: the pool reports it at its next fallible call.
             core.set_sticky(e);
         }
+    }
+}
+
+/// The other streams that used an allocation. Most allocations are only ever used on their
+/// own stream, so the handle holds one null word until the first use elsewhere boxes a list
+/// (a `Mutex<SmallVec>` inline made `PoolAlloc` 80 bytes instead of 56, and the caller's
+/// arrays of handles are what a workload touches on every free).
+#[derive(Default)]
+struct OtherUses(OnceBox<Mutex<SmallVec<[StreamSlot; 2]>>>);
+
+impl OtherUses {
+    fn from_list(list: SmallVec<[StreamSlot; 2]>) -> Self {
+        let uses = OtherUses::default();
+        if !list.is_empty() {
+            // A fresh cell is empty, so `set` cannot fail.
+            let _ = uses.0.set(Box::new(Mutex::new(list)));
+        }
+        uses
+    }
+
+    /// The list, created by the first use on another stream.
+    fn list(&self) -> &Mutex<SmallVec<[StreamSlot; 2]>> {
+        self.0.get_or_init(|| Box::new(Mutex::new(SmallVec::new())))
+    }
+
+    fn snapshot(&self) -> SmallVec<[StreamSlot; 2]> {
+        self.0.get().map(|l| l.lock().clone()).unwrap_or_default()
+    }
+
+    /// Empties the set, returning what it held.
+    fn take(&mut self) -> SmallVec<[StreamSlot; 2]> {
+        let cell = std::mem::take(&mut self.0);
+        cell.get().map(|l| std::mem::take(&mut *l.lock())).unwrap_or_default()
     }
 }
 
@@ -220,7 +253,7 @@ impl<T> BufferOwner for PoolAlloc<'_, T> {
         if stream.slot() == self.stream.slot() {
             return Ok(());
         }
-        let mut uses = self.uses.lock();
+        let mut uses = self.uses.list().lock();
         if !uses.contains(&stream.slot()) {
             // First use on this stream: order it after the allocation point. The block may
             // have been reused on the allocation's stream while its previous owner's work is
@@ -251,5 +284,30 @@ impl<T> std::fmt::Debug for PoolAlloc<'_, T> {
             .field("elem", &std::any::type_name::<T>())
             .field("stream", &self.stream.id())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_is_seven_words_and_its_option_costs_nothing() {
+        assert_eq!(std::mem::size_of::<PoolAlloc<'static, u8>>(), 56);
+        assert_eq!(std::mem::size_of::<Option<PoolAlloc<'static, u8>>>(), 56);
+    }
+
+    #[test]
+    fn other_uses_box_only_when_used_and_take_empties_them() {
+        let mut uses = OtherUses::default();
+        assert!(uses.0.get().is_none());
+        assert!(uses.snapshot().is_empty());
+        uses.list().lock().push(3);
+        assert_eq!(uses.snapshot().as_slice(), &[3]);
+        assert_eq!(uses.take().as_slice(), &[3]);
+        assert!(uses.0.get().is_none() && uses.take().is_empty());
+        let moved = OtherUses::from_list(SmallVec::from_slice(&[1]));
+        assert_eq!(moved.snapshot().as_slice(), &[1]);
+        assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());
     }
 }
