@@ -901,7 +901,14 @@ impl PoolCore {
     }
 
     /// Takes the stored error, if any.
+    ///
+    /// The hint is read first: it is written under the lock with the error, which the caller
+    /// holds, so it is exact here, and the common case (no error) does not move an `Error`.
+    #[inline]
     fn take_sticky(&self, inner: &mut PoolInner) -> Option<Error> {
+        if !self.sticky_hint.load(Ordering::Relaxed) {
+            return None;
+        }
         let e = inner.sticky.take();
         if e.is_some() {
             self.sticky_hint.store(false, Ordering::Relaxed);
