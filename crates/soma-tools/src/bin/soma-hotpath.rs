@@ -12,11 +12,15 @@
 //! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
 //! benchmark does (the first replay grows it, later ones run warm); the instructions of one
 //! warm replay are the difference of two runs with different `REPLAYS`.
+//!
+//! `soma-engine-wide` is the engine with handles as large as the public API's `PoolAlloc`: it
+//! separates what the caller's array of handles costs (one random access per free) from what
+//! the pool adds on top of the engine.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use soma::MemPool;
+use soma::{MemPool, PoolAlloc};
 use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, Tlsf};
 use soma_tools::workload::{checkerboard, random_allocations, replay, SEED};
 
@@ -65,6 +69,34 @@ fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
     }
 }
 
+/// Words of padding that make the engine's handle (`BlockId`, one word) as large as a
+/// `PoolAlloc`.
+const WIDE_PAD_WORDS: usize = std::mem::size_of::<PoolAlloc<'static, u8>>() / 8 - 1;
+
+/// An allocator whose handles carry [`WIDE_PAD_WORDS`] more words, written at allocation and
+/// read at free, as a `PoolAlloc`'s fields are.
+struct Wide<A>(A);
+
+impl<A: Allocator> Allocator for Wide<A> {
+    type Handle = (A::Handle, [u64; WIDE_PAD_WORDS]);
+    fn name(&self) -> &'static str {
+        "soma-engine-wide"
+    }
+    fn alloc(&mut self, bytes: u64) -> Option<Self::Handle> {
+        self.0.alloc(bytes).map(|h| (h, [bytes; WIDE_PAD_WORDS]))
+    }
+    fn free(&mut self, (handle, pad): Self::Handle) {
+        black_box(pad);
+        self.0.free(handle);
+    }
+    fn reserved_high(&self) -> u64 {
+        self.0.reserved_high()
+    }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        self.0.driver_calls()
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("random") {
@@ -73,7 +105,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain|-wide]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -95,6 +127,7 @@ fn main() {
             "soma-engine-retain" => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
             }
+            "soma-engine-wide" => random(Wide(SomaEngine::new(1 << 40, 512)), n, max, replays),
             "offset-allocator" => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
