@@ -110,6 +110,36 @@ pub fn replay<A: Allocator>(a: &mut A, ops: &[Op], slots: usize) -> Vec<Option<A
     handles
 }
 
+/// For profilers (`soma-hotpath random`, `soma-handles`): `replays` replays of RMM's
+/// `random_allocations` (`n`, `max_mib`) on the same allocator, each timed and printed with
+/// its driver calls and the allocator's reserved high-water mark. The first replay grows the
+/// allocator, later ones run warm; the instructions of one warm replay are the difference of
+/// two runs with different `replays`.
+///
+/// # Panics
+///
+/// If a replay leaves an allocation live (every replay frees what it allocated).
+pub fn print_random_replays<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
+    let w = random_allocations(n, max_mib, 16_000, SEED);
+    for r in 0..replays {
+        let before = a.driver_calls();
+        let t = std::time::Instant::now();
+        let h = replay(&mut a, &w.ops, w.slots);
+        let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
+        let calls = match (before, a.driver_calls()) {
+            (Some((m0, u0)), Some((m1, u1))) => format!(", {} maps / {} unmaps", m1 - m0, u1 - u0),
+            _ => String::new(),
+        };
+        println!(
+            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op{calls}, reserved high {:.1} MiB",
+            a.name(),
+            w.ops.len(),
+            a.reserved_high() as f64 / MIB as f64
+        );
+        assert!(h.iter().all(Option::is_none), "every replay frees what it allocated");
+    }
+}
+
 /// Frees every handle still in the table.
 pub fn free_all<A: Allocator>(a: &mut A, handles: Vec<Option<A::Handle>>) {
     for h in handles.into_iter().flatten() {

@@ -192,14 +192,15 @@ impl<T> Drop for PoolAlloc<'_, T> {
             return;
         }
         let bytes = self.byte_len_internal();
-        let uses = self.uses.take();
+        // No list (the common case): nothing to build or move.
+        let uses = self.uses.0.get().map(|l| std::mem::take(&mut *l.lock()));
         let core = self.pool.core_at(self.shard);
         let result = core.free_typed(
             &self.pool.device().shared,
             (self.block, self.ptr),
             bytes,
             self.stream,
-            &uses,
+            uses.as_deref().unwrap_or_default(),
             None,
         );
         if let Err(e) = result {

@@ -909,6 +909,12 @@ impl PoolCore {
         if !self.sticky_hint.load(Ordering::Relaxed) {
             return None;
         }
+        self.take_stored_sticky(inner)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_stored_sticky(&self, inner: &mut PoolInner) -> Option<Error> {
         let e = inner.sticky.take();
         if e.is_some() {
             self.sticky_hint.store(false, Ordering::Relaxed);

@@ -13,16 +13,16 @@
 //! benchmark does (the first replay grows it, later ones run warm); the instructions of one
 //! warm replay are the difference of two runs with different `REPLAYS`.
 //!
-//! `soma-engine-wide` is the engine with handles as large as the public API's `PoolAlloc`: it
-//! separates what the caller's array of handles costs (one random access per free) from what
-//! the pool adds on top of the engine.
+//! `soma-handles` runs the same replays on the engine with handles as large as a `PoolAlloc`
+//! (a separate binary, so that its extra callers of the engine do not change what the
+//! compiler inlines here).
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use soma::{MemPool, PoolAlloc};
+use soma::MemPool;
 use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, Tlsf};
-use soma_tools::workload::{checkerboard, random_allocations, replay, SEED};
+use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
 
 fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
     let w = checkerboard(live, 512);
@@ -47,56 +47,6 @@ fn capacity(default_mib: u64) -> u64 {
         << 20
 }
 
-/// `replays` replays of RMM's `random_allocations` (n, max size) on the same `a`.
-fn random<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
-    let w = random_allocations(n, max_mib, 16_000, SEED);
-    for r in 0..replays {
-        let before = a.driver_calls();
-        let t = Instant::now();
-        let h = replay(&mut a, &w.ops, w.slots);
-        let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
-        let calls = match (before, a.driver_calls()) {
-            (Some((m0, u0)), Some((m1, u1))) => format!(", {} maps / {} unmaps", m1 - m0, u1 - u0),
-            _ => String::new(),
-        };
-        println!(
-            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op{calls}, reserved high {:.1} MiB",
-            a.name(),
-            w.ops.len(),
-            a.reserved_high() as f64 / (1 << 20) as f64
-        );
-        assert!(h.iter().all(Option::is_none), "every replay frees what it allocated");
-    }
-}
-
-/// Words of padding that make the engine's handle (`BlockId`, one word) as large as a
-/// `PoolAlloc`.
-const WIDE_PAD_WORDS: usize = std::mem::size_of::<PoolAlloc<'static, u8>>() / 8 - 1;
-
-/// An allocator whose handles carry [`WIDE_PAD_WORDS`] more words, written at allocation and
-/// read at free, as a `PoolAlloc`'s fields are.
-struct Wide<A>(A);
-
-impl<A: Allocator> Allocator for Wide<A> {
-    type Handle = (A::Handle, [u64; WIDE_PAD_WORDS]);
-    fn name(&self) -> &'static str {
-        "soma-engine-wide"
-    }
-    fn alloc(&mut self, bytes: u64) -> Option<Self::Handle> {
-        self.0.alloc(bytes).map(|h| (h, [bytes; WIDE_PAD_WORDS]))
-    }
-    fn free(&mut self, (handle, pad): Self::Handle) {
-        black_box(pad);
-        self.0.free(handle);
-    }
-    fn reserved_high(&self) -> u64 {
-        self.0.reserved_high()
-    }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
-        self.0.driver_calls()
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("random") {
@@ -105,7 +55,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain|-wide]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -127,7 +77,6 @@ fn main() {
             "soma-engine-retain" => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
             }
-            "soma-engine-wide" => random(Wide(SomaEngine::new(1 << 40, 512)), n, max, replays),
             "offset-allocator" => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
