@@ -322,6 +322,48 @@ fn hand_off_and_automatic_cross_stream_use_recording() {
     clean(&npu);
 }
 
+/// Uses of one allocation recorded at the same time from several threads (the first of them
+/// creates the allocation's use list): the free waits for every one of those streams, so the
+/// block's next owner on the allocating stream cannot overwrite it under a pending read.
+#[test]
+fn uses_recorded_concurrently_from_several_threads_all_order_the_free() {
+    const READERS: usize = 4;
+    for round in 0..8u32 {
+        let npu = npu(SanitizerMode::FailStream);
+        let dev = npu.device(0).unwrap();
+        let home = dev.create_stream().unwrap();
+        let readers: Vec<_> = (0..READERS).map(|_| dev.create_stream().unwrap()).collect();
+        let pool = MemPool::builder().reuse(ReusePolicy::NONE).build(&dev).unwrap();
+        let mut a = pool.alloc_async::<u32>(4096, &home).unwrap();
+        fill_u32(&home, &mut a, round);
+        let old = a.device_ptr();
+        // Each reader stream holds its read behind a closed gate until the block is reused.
+        let gates: Vec<_> = readers.iter().map(Gate::close).collect();
+        let barrier = std::sync::Barrier::new(READERS);
+        std::thread::scope(|scope| {
+            for r in &readers {
+                let (a, barrier) = (&a, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    r.launch("read", &[KernelArg::read(a)], move |b| {
+                        assert!(b.read::<u32>(0)?.iter().all(|&v| v == round));
+                        Ok(())
+                    })
+                    .unwrap();
+                });
+            }
+        });
+        drop(a);
+        let mut b = pool.alloc_async::<u32>(4096, &home).unwrap();
+        assert_eq!(b.device_ptr(), old, "the test needs the block reused on its stream");
+        fill_u32(&home, &mut b, round + 100);
+        drop(gates);
+        dev.synchronize().expect("every read ends before the block's next owner writes it");
+        clean(&npu);
+        drop(b);
+    }
+}
+
 #[test]
 fn the_pool_suites_cross_stream_write_of_a_fresh_block() {
     // tests/reuse_rules.rs: x is written on s2 without an explicit event; soma's API makes
