@@ -36,6 +36,7 @@ impl<'d> Stream<'d> {
     }
 
     /// The device this stream belongs to.
+    #[inline]
     pub fn device(&self) -> &'d Device {
         self.device
     }
@@ -50,12 +51,14 @@ impl<'d> Stream<'d> {
         &self.hal
     }
 
+    #[inline]
     pub(crate) fn slot(&self) -> StreamSlot {
         self.slot
     }
 
     /// Global position: the number of tasks enqueued so far, offset so that positions of a
     /// slot never repeat across the streams that used it.
+    #[inline]
     pub(crate) fn position(&self) -> u64 {
         self.base + self.hal.enqueued()
     }

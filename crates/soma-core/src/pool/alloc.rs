@@ -192,8 +192,7 @@ impl<T> Drop for PoolAlloc<'_, T> {
             return;
         }
         let bytes = self.byte_len_internal();
-        // No list (the common case): nothing to build or move.
-        let uses = self.uses.0.get().map(|l| std::mem::take(&mut *l.lock()));
+        let uses = self.uses.drain();
         let core = self.pool.core_at(self.shard);
         let result = core.free_typed(
             &self.pool.device().shared,
@@ -236,10 +235,18 @@ impl OtherUses {
         self.0.get().map(|l| l.lock().clone()).unwrap_or_default()
     }
 
-    /// Empties the set, returning what it held.
-    fn take(&mut self) -> SmallVec<[StreamSlot; 2]> {
-        let cell = std::mem::take(&mut self.0);
-        cell.get().map(|l| std::mem::take(&mut *l.lock())).unwrap_or_default()
+    /// Empties the set, returning what it held; `None` (nothing built or moved, the common
+    /// case) when no other stream used the allocation.
+    // Inline: `PoolAlloc`'s drop is instantiated in the caller's crate.
+    #[inline]
+    fn drain(&self) -> Option<SmallVec<[StreamSlot; 2]>> {
+        self.0.get().map(|l| std::mem::take(&mut *l.lock()))
+    }
+
+    /// [`OtherUses::drain`], an empty list when there was none.
+    #[inline]
+    fn take(&self) -> SmallVec<[StreamSlot; 2]> {
+        self.drain().unwrap_or_default()
     }
 }
 
@@ -300,13 +307,13 @@ mod tests {
 
     #[test]
     fn other_uses_box_only_when_used_and_take_empties_them() {
-        let mut uses = OtherUses::default();
-        assert!(uses.0.get().is_none());
+        let uses = OtherUses::default();
+        assert!(uses.0.get().is_none() && uses.drain().is_none());
         assert!(uses.snapshot().is_empty());
         uses.list().lock().push(3);
         assert_eq!(uses.snapshot().as_slice(), &[3]);
         assert_eq!(uses.take().as_slice(), &[3]);
-        assert!(uses.0.get().is_none() && uses.take().is_empty());
+        assert!(uses.take().is_empty() && uses.drain().is_some_and(|l| l.is_empty()));
         let moved = OtherUses::from_list(SmallVec::from_slice(&[1]));
         assert_eq!(moved.snapshot().as_slice(), &[1]);
         assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());

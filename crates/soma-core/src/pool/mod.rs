@@ -1646,6 +1646,7 @@ impl<'d> MemPool<'d> {
     }
 
     /// The device of the pool.
+    #[inline]
     pub fn device(&self) -> &'d Device {
         self.device
     }
@@ -2040,6 +2041,7 @@ impl<'d> MemPool<'d> {
     }
 
     /// Shard `shard` (shard 0 for an index that names no created shard).
+    #[inline]
     pub(crate) fn core_at(&self, shard: u8) -> &PoolCore {
         let more =
             self.shards.as_ref().and_then(|s| s.more.get(usize::from(shard).checked_sub(1)?));
@@ -2048,6 +2050,9 @@ impl<'d> MemPool<'d> {
 
     /// The shard `stream` allocates in: its slot modulo the shard count, created (its range
     /// reserved) on first use; shard 0 when that fails.
+    // Inline, as `core_at` and the stream's accessors: `alloc_async` and `PoolAlloc`'s drop
+    // are generic, instantiated in the caller's crate, where only `#[inline]` bodies inline.
+    #[inline]
     fn home(&self, stream: &Stream<'_>) -> &PoolCore {
         let Some(set) = &self.shards else { return &self.core };
         let i = stream.slot() as usize % set.count();
