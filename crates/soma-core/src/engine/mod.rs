@@ -1296,9 +1296,10 @@ fn align_up(x: u64, a: u64) -> u64 {
     (x + a - 1) & !(a - 1)
 }
 
-/// [`align_up`] for any `x`: `None` when the rounded value overflows.
+/// [`align_up`] for any `x`: `None` when the rounded value overflows. Also the pool's
+/// rounding of a request before it reaches the engine (`PoolCore::block_size`).
 #[inline(always)]
-fn checked_align_up(x: u64, a: u64) -> Option<u64> {
+pub(crate) fn checked_align_up(x: u64, a: u64) -> Option<u64> {
     x.checked_add(a - 1).map(|b| b & !(a - 1))
 }
 

@@ -926,7 +926,7 @@ impl PoolCore {
     /// alignment); `None` when rounding overflows.
     #[inline]
     fn block_size(&self, bytes: u64) -> Option<u64> {
-        Some(bytes.checked_add(self.alignment - 1)? & !(self.alignment - 1))
+        crate::engine::checked_align_up(bytes, self.alignment)
     }
 
     /// The lock-free allocation path: the free ring's only free, if it was made on `stream`
