@@ -74,6 +74,22 @@ fn run(pool: &MemPool<'_>, streams: &[Stream<'_>], works: &[Workload], iters: u6
     start.elapsed()
 }
 
+/// One measured loop: `streams.len()` threads on a pool of `shards` shards.
+struct Loop<'d> {
+    /// `threads` (the default pool) or `sharded`.
+    name: &'static str,
+    shards: usize,
+    streams: Vec<Stream<'d>>,
+    pool: MemPool<'d>,
+}
+
+impl Loop<'_> {
+    /// `name/threads`, as in the benchmark id and the paired JSON.
+    fn id(&self) -> String {
+        format!("{}/{}", self.name, self.streams.len())
+    }
+}
+
 fn multi(c: &mut Criterion) {
     let npu = common::npu();
     let dev = npu.device(0).expect("device");
@@ -81,7 +97,7 @@ fn multi(c: &mut Criterion) {
         (0..THREADS).map(|t| random_allocations(4096, 1, 256, SEED + t as u64)).collect();
     let mut g = c.benchmark_group("multi_stream");
     let mut json = Vec::new();
-    let loops: Vec<(String, Vec<Stream<'_>>, MemPool<'_>)> = [
+    let loops: Vec<Loop<'_>> = [
         ("threads", 1, 1),
         ("threads", 1, THREADS),
         ("sharded", THREADS, 1),
@@ -96,21 +112,19 @@ fn multi(c: &mut Criterion) {
             .stream_shards(shards)
             .build(&dev)
             .expect("pool");
-        (format!("{name}/{threads}"), streams, pool)
+        Loop { name, shards, streams, pool }
     })
     .collect();
-    for (id, streams, pool) in &loops {
+    for Loop { name, shards, streams, pool } in &loops {
         let threads = streams.len();
-        let (name, _) = id.split_once('/').expect("name/threads");
-        g.bench_function(BenchmarkId::new(name, threads), |b| {
+        g.bench_function(BenchmarkId::new(*name, threads), |b| {
             b.iter_custom(|iters| run(pool, streams, &works, iters) / threads as u32)
         });
         let st = pool.stats();
         json.push(format!(
-            "{{\"threads\":{threads},\"shards\":{},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
+            "{{\"threads\":{threads},\"shards\":{shards},\"cores\":{},\"allocations\":{},\"same_stream\":{},\
              \"event_dependency\":{},\"opportunistic\":{},\"host_synchronized\":{},\"fresh\":{},\
              \"map_calls\":{},\"reserved_high\":{},\"used_high\":{}}}",
-            if name == "sharded" { THREADS } else { 1 },
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             st.allocations,
             st.reuses.same_stream,
@@ -126,38 +140,37 @@ fn multi(c: &mut Criterion) {
     g.finish();
     common::write_json("multi_stream", &format!("[{}]\n", json.join(",\n")));
     interleaved(&loops, &works);
+    // Also when a filter ran fewer than two loops (no interleaved rounds).
+    for s in loops.iter().flat_map(|l| &l.streams) {
+        s.synchronize().expect("sync");
+    }
 }
 
 /// [`common::interleaved_rounds`] over every loop the filter selects (none when fewer than
 /// two are), [`ROUND_OPS`] ops per thread each.
-fn interleaved(loops: &[(String, Vec<Stream<'_>>, MemPool<'_>)], works: &[Workload]) {
+fn interleaved(loops: &[Loop<'_>], works: &[Workload]) {
     let chosen: Vec<_> = loops
         .iter()
-        .filter(|(id, _, _)| common::maybe_selected(&format!("multi_stream/{id}")))
+        .filter(|l| common::maybe_selected(&format!("multi_stream/{}", l.id())))
         .collect();
     if chosen.len() < 2 {
         return;
     }
     let ns = common::interleaved_rounds(chosen.len(), |j| {
-        let (_, streams, pool) = chosen[j];
-        let d = run(pool, streams, works, ROUND_OPS);
-        d.as_nanos() as f64 / (ROUND_OPS * streams.len() as u64) as f64
+        let l = chosen[j];
+        let d = run(&l.pool, &l.streams, works, ROUND_OPS);
+        d.as_nanos() as f64 / (ROUND_OPS * l.streams.len() as u64) as f64
     });
     let entries: Vec<String> = chosen
         .iter()
         .zip(&ns)
-        .map(|((id, _, _), v)| {
+        .map(|(l, v)| {
             let v: Vec<String> = v.iter().map(|x| format!("{:.1}", x)).collect();
-            format!("\"{id}\":[{}]", v.join(","))
+            format!("\"{}\":[{}]", l.id(), v.join(","))
         })
         .collect();
     common::write_json("multi_stream_paired", &format!("{{{}}}\n", entries.join(",\n")));
     println!("multi_stream: {} interleaved rounds of {} loops", ns[0].len(), ns.len());
-    for (_, streams, _) in loops {
-        for s in streams {
-            s.synchronize().expect("sync");
-        }
-    }
 }
 
 fn config() -> Criterion {
