@@ -96,9 +96,10 @@ def verdict(ok):
     return "**met**" if ok else "**missed**"
 
 
-# The fast allocators of random_allocations' interleaved rounds, in column order.
-PAIRED = VARIANTS_API_FIRST + ["offset-allocator", "tlsf", "soma-replica"]
-PAIRED_BASELINES = ["offset-allocator", "tlsf", "soma-replica"]
+# The baselines of random_allocations' interleaved rounds (all but the seed's slow first fit),
+# and every allocator of those rounds, in column order.
+PAIRED_BASELINES = [b for b in BASELINES if b != "seed-first-fit"]
+PAIRED = VARIANTS_API_FIRST + PAIRED_BASELINES
 
 
 def median(xs):
