@@ -7,8 +7,22 @@ use std::sync::Arc;
 use soma_sim::hal::{DeviceHal, StreamHal};
 use soma_sim::Npu;
 
+/// The process's threads that are not exiting. A joined thread can stay listed in
+/// `/proc/self/task` for a moment — `pthread_join` returns once the thread's exit has cleared
+/// its id, before the kernel removes the task — but it is flagged exiting (`PF_EXITING`) from
+/// the start of its exit, so the count is exact at once; a thread still running is counted.
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    const PF_EXITING: u64 = 0x4;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            // Fields after the command's closing parenthesis: state, ppid, pgrp, session,
+            // tty_nr, tpgid, flags, …
+            let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6));
+            flags.and_then(|f| f.parse::<u64>().ok()).is_some_and(|f| f & PF_EXITING == 0)
+        })
+        .count()
 }
 
 #[test]
