@@ -588,6 +588,8 @@ pub struct Engine {
     cfg: EngineConfig,
     /// log2 of `cfg.alignment`: sizes in the free indices are counted in these units.
     unit_shift: u32,
+    /// Class floors in bytes for `unit_shift`.
+    floors: tlsf::ClassFloors,
     slab: Slab,
     /// The block at offset 0.
     first: u32,
@@ -715,6 +717,7 @@ impl Engine {
         Ok(Engine {
             cfg,
             unit_shift: cfg.alignment.trailing_zeros(),
+            floors: tlsf::ClassFloors::new(cfg.alignment.trailing_zeros()),
             slab,
             first,
             indexes,

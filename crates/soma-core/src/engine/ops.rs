@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 
 use super::block::{Block, Kind, NIL, SETTLED_BY_SEVERAL};
-use super::tlsf::{class_at_least, class_floor_bytes, class_index, FreeIndex, SL};
+use super::tlsf::{class_at_least, class_index, FreeIndex, SL};
 use super::{
     align_up, Allocation, BlockId, Eligibility, Engine, FreeTag, OomInfo, PendingFrees, ReuseKind,
     StreamOrder, StreamSlot, CROSS_STREAM_BUDGET, OWN_CLASS_SCAN,
@@ -274,7 +274,7 @@ impl Engine {
         }
         let merged = k.size + o.size;
         // The merged block may stay one class above the list that holds it (see `tlsf.rs`).
-        if merged >= class_floor_bytes(usize::from(ib.cls) + 2, self.unit_shift) {
+        if merged >= self.floors.get(usize::from(ib.cls) + 2) {
             return None;
         }
         let added = merged - ib.size;
@@ -410,10 +410,7 @@ impl Engine {
         // `tlsf.rs`), the rest takes the block's list position instead of a remove and a
         // reinsert (it cannot merge with its next neighbour, which did not merge with the
         // block either).
-        if start == offset
-            && b_size > size
-            && b_size - size >= class_floor_bytes(usize::from(cls), self.unit_shift)
-        {
+        if start == offset && b_size > size && b_size - size >= self.floors.get(usize::from(cls)) {
             let t = self.slab.split(idx, start + size);
             let ix = self.indexes[index_slot(tagged, stream)]
                 .as_mut()
@@ -474,7 +471,7 @@ impl Engine {
         if cur != NIL {
             // A block one class above its list (see `tlsf.rs`) — at least the next class's
             // floor — is left to the good-fit step.
-            let stale_from = class_floor_bytes(own + 1, self.unit_shift);
+            let stale_from = self.floors.get(own + 1);
             let mut seen = 0;
             let (mut best, mut best_size) = (NIL, u64::MAX);
             while cur != NIL && seen < OWN_CLASS_SCAN {
@@ -500,7 +497,7 @@ impl Engine {
         loop {
             let (f, s) = ix.first_at_or_above(fl, sl)?;
             let mut cur = ix.head(f, s);
-            let stale_from = class_floor_bytes(f * SL + s + 1, self.unit_shift);
+            let stale_from = self.floors.get(f * SL + s + 1);
             // Prefer a block of the list's own class over one a class above it (which sits
             // here only because it grew or shrank in place): the first acceptable block of
             // the list's own class among the first OWN_CLASS_SCAN acceptable ones, else the

@@ -100,6 +100,30 @@ pub(super) fn class_floor_bytes(c: usize, unit_shift: u32) -> u64 {
     }
 }
 
+/// [`class_floor_bytes`] of every class (and of the two past the last), precomputed for one
+/// unit size: the searches and the in-place carve and merge compare sizes against class
+/// floors on every allocation and free, and a load is cheaper than the shifts and the
+/// overflow check.
+#[derive(Debug)]
+pub(super) struct ClassFloors(Box<[u64; FL * SL + 2]>);
+
+impl ClassFloors {
+    /// The floors for units of `1 << unit_shift` bytes.
+    pub fn new(unit_shift: u32) -> ClassFloors {
+        let mut floors = Box::new([0u64; FL * SL + 2]);
+        for (c, f) in floors.iter_mut().enumerate() {
+            *f = class_floor_bytes(c, unit_shift);
+        }
+        ClassFloors(floors)
+    }
+
+    /// [`class_floor_bytes`] of class `c` (`u64::MAX` past the table, as past 64 bits).
+    #[inline(always)]
+    pub fn get(&self, c: usize) -> u64 {
+        self.0.get(c).copied().unwrap_or(u64::MAX)
+    }
+}
+
 /// The free blocks of one stream tag (or of the untagged, never-used memory).
 #[derive(Debug)]
 pub(super) struct FreeIndex {
@@ -351,6 +375,14 @@ mod tests {
                     assert_eq!(bytes, u64::MAX);
                 }
             }
+        }
+        // the precomputed floors agree, and past the table there is no class
+        for shift in [0, 5, 9, 21, 40] {
+            let floors = ClassFloors::new(shift);
+            for c in 0..FL * SL + 2 {
+                assert_eq!(floors.get(c), class_floor_bytes(c, shift), "class {c} shift {shift}");
+            }
+            assert_eq!(floors.get(FL * SL + 2), u64::MAX);
         }
         // a size is in class c or above exactly when it reaches c's floor
         for u in 1..5000u64 {
