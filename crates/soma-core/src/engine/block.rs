@@ -186,23 +186,34 @@ impl Slab {
     /// put into a free list.
     #[inline(always)]
     pub fn split(&mut self, idx: u32, at: u64) -> u32 {
-        let old = &mut self.blocks[idx as usize];
+        let old = self.blocks[idx as usize];
         debug_assert!(at > old.offset && at < old.end());
-        let (end, next) = (old.end(), old.next);
-        let tail = Block {
+        let tail = |generation| Block {
             offset: at,
-            size: end - at,
+            size: old.end() - at,
             prev: idx,
-            next,
+            next: old.next,
             prev_free: NIL,
             next_free: NIL,
-            ..*old
+            generation,
+            ..old
         };
-        old.size = at - old.offset;
-        let new = self.take_with(tail);
-        self.blocks[idx as usize].next = new;
-        if next != NIL {
-            self.blocks[next as usize].prev = new;
+        // As `take_with`, writing the record once in place.
+        let new = self.vacant;
+        let new = match self.blocks.get_mut(new as usize) {
+            Some(r) => {
+                self.vacant = r.next_free;
+                self.vacant_count -= 1;
+                *r = tail(r.generation);
+                new
+            }
+            None => self.push(tail(0)),
+        };
+        let b = &mut self.blocks[idx as usize];
+        b.size = at - old.offset;
+        b.next = new;
+        if old.next != NIL {
+            self.blocks[old.next as usize].prev = new;
         }
         new
     }
