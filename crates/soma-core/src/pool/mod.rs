@@ -405,6 +405,13 @@ impl MemPoolBuilder {
                 "max_size {max_size} (rounded to the {granularity}-byte granularity) exceeds device memory {total}"
             )));
         }
+        if max_size > alloc::MAX_POOL_BYTES {
+            // A handle keeps its length in 56 bits (see `PoolAlloc`).
+            return Err(Error::InvalidConfig(format!(
+                "max_size {max_size} exceeds the largest pool, {} bytes",
+                alloc::MAX_POOL_BYTES
+            )));
+        }
         let threshold = self.release_threshold.unwrap_or(max_size);
         if threshold > max_size {
             return Err(Error::InvalidConfig(format!(
