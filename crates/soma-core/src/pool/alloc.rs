@@ -239,7 +239,7 @@ impl<T> Drop for PoolAlloc<'_, T> {
 
 /// The other streams that used an allocation. Most allocations are only ever used on their
 /// own stream, so the handle holds one null word until the first use elsewhere boxes a list
-/// (a `Mutex<SmallVec>` inline made `PoolAlloc` 80 bytes instead of 56, and the caller's
+/// (a `Mutex<SmallVec>` inline would make `PoolAlloc` 32 bytes larger, and the caller's
 /// arrays of handles are what a workload touches on every free).
 #[derive(Default)]
 struct OtherUses(OnceBox<Mutex<SmallVec<[StreamSlot; 2]>>>);
