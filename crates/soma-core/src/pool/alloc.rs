@@ -114,9 +114,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     /// Backend failures while ordering the free after other streams' uses.
     #[track_caller]
     pub fn free(self) -> Result<()> {
-        // Not dropped: this frees it. The use list is moved out, and nothing else owns heap.
-        let mut this = ManuallyDrop::new(self);
-        let uses = std::mem::take(&mut this.uses).take();
+        let (this, uses) = self.disarm();
         let location = std::panic::Location::caller();
         let device = &this.pool.device().shared;
         this.pool_core().free_typed(
@@ -142,9 +140,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         to.check_device(self.pool.device(), "hand_off: the target stream")?;
         let event = self.stream.record_event()?;
         to.wait_event(&event)?;
-        // Not dropped: the block moves to the new handle, the use list is moved out.
-        let mut this = ManuallyDrop::new(self);
-        let mut uses = std::mem::take(&mut this.uses).take();
+        let (this, mut uses) = self.disarm();
         uses.retain(|s| *s != to.slot());
         Ok(PoolAlloc {
             pool: this.pool,
@@ -159,6 +155,15 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
 }
 
 impl<T> PoolAlloc<'_, T> {
+    /// Takes the handle apart without freeing the block, for the caller to free it or move it
+    /// to another handle: the handle, which will not be dropped, and its use list, moved out
+    /// (nothing else in the handle owns heap memory, so nothing leaks).
+    fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamSlot; 2]>) {
+        let mut this = ManuallyDrop::new(self);
+        let uses = std::mem::take(&mut this.uses).take();
+        (this, uses)
+    }
+
     /// First byte on the device (changes only through [`MemPool::compact`]).
     pub fn device_ptr(&self) -> DevicePtr {
         self.ptr
