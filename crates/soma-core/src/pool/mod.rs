@@ -1128,6 +1128,7 @@ impl PoolCore {
     ///
     /// `peers` are the other shards of a sharded pool (empty otherwise): their cached memory
     /// is tried before this shard grows, and their idle memory released when it runs out.
+    #[inline(always)]
     pub(crate) fn allocate(
         &self,
         device: &DeviceShared,
@@ -1142,16 +1143,33 @@ impl PoolCore {
         }
         match self.try_allocate(device, bytes, stream, location, peers) {
             Err(Error::OutOfMemory(oom)) => {
-                // Both the per-call hook and the pool's hook may free memory: one retry.
-                let local = on_oom(&oom);
-                let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
-                if local == OomAction::Retry || global == OomAction::Retry {
-                    return self.try_allocate(device, bytes, stream, location, peers);
-                }
-                Err(Error::OutOfMemory(oom))
+                self.retry_after_oom(device, bytes, stream, location, on_oom, peers, oom)
             }
             other => other,
         }
+    }
+
+    /// Out of memory after waiting for pending frees: both the per-call hook and the pool's
+    /// hook may free memory, so either may ask for one retry.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn retry_after_oom(
+        &self,
+        device: &DeviceShared,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+        peers: &[&PoolCore],
+        oom: Box<OutOfMemory>,
+    ) -> Result<Granted> {
+        let local = on_oom(&oom);
+        let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
+        if local == OomAction::Retry || global == OomAction::Retry {
+            return self.try_allocate(device, bytes, stream, location, peers);
+        }
+        Err(Error::OutOfMemory(oom))
     }
 
     /// [`PoolCore::allocate`] from the driver's own pool (a pool created on the native path).
@@ -1170,6 +1188,7 @@ impl PoolCore {
         Ok(Granted { block: None, ptr, size, shard: 0 })
     }
 
+    #[inline(always)]
     fn try_allocate(
         &self,
         device: &DeviceShared,
@@ -1191,8 +1210,7 @@ impl PoolCore {
             if let Some(e) = self.take_sticky(&mut inner) {
                 return Err(e);
             }
-            let (engine, mut backing) = inner.parts(self);
-            engine.alloc(bytes, self.alignment, stream.slot(), &order, &mut backing)
+            self.alloc_locked(&mut inner, bytes, stream, &order)
         };
         let allocation = match first {
             Ok(a) => a,
@@ -1214,7 +1232,20 @@ impl PoolCore {
         stream: &Stream<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
-        let mut inner = self.lock();
+        self.alloc_locked(&mut self.lock(), bytes, stream, order)
+    }
+
+    /// One engine allocation under the lock `inner`. Out of line: inlined into the public
+    /// entry points with the rest of the path it costs more than the call.
+    #[inline(never)]
+    #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose error this is")]
+    fn alloc_locked(
+        &self,
+        inner: &mut PoolInner,
+        bytes: u64,
+        stream: &Stream<'_>,
+        order: &Order<'_>,
+    ) -> std::result::Result<Allocation, AllocError> {
         let (engine, mut backing) = inner.parts(self);
         engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
     }
@@ -2074,6 +2105,9 @@ impl<'d> MemPool<'d> {
 
     /// Allocates for `stream` in its shard `home`; a sharded pool offers the other shards'
     /// cached memory first (see `shards.rs`).
+    // The unsharded path inlines down to the engine call (`PoolCore::allocate` and
+    // `try_allocate` are `inline(always)`): call frames and moves of the result cost ~25
+    // instructions of a random allocation's ~600 through the public API.
     #[inline]
     fn allocate(
         &self,
@@ -2083,14 +2117,26 @@ impl<'d> MemPool<'d> {
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
     ) -> Result<Granted> {
-        let device = &self.device.shared;
         if self.shards.is_none() {
-            return home.allocate(device, bytes, stream, location, on_oom, &[]);
+            return home.allocate(&self.device.shared, bytes, stream, location, on_oom, &[]);
         }
+        self.allocate_sharded(home, bytes, stream, location, on_oom)
+    }
+
+    /// [`MemPool::allocate`] in a sharded pool: the other shards are `home`'s peers.
+    #[inline(never)]
+    fn allocate_sharded(
+        &self,
+        home: &PoolCore,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+    ) -> Result<Granted> {
         // Inline for every possible shard count: no heap allocation per allocation.
         let peers: smallvec::SmallVec<[&PoolCore; MAX_STREAM_SHARDS]> =
             self.cores().filter(|c| !std::ptr::eq(*c, home)).collect();
-        home.allocate(device, bytes, stream, location, on_oom, &peers)
+        home.allocate(&self.device.shared, bytes, stream, location, on_oom, &peers)
     }
 }
 
