@@ -961,7 +961,9 @@ impl Engine {
     #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose errors these are")]
     #[inline(always)]
     fn checked_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
-        if let Some(a) = self.effective_align(align) {
+        // The pool's own alignment (what a pool always passes) is valid by construction.
+        let a = if align == self.cfg.alignment { Some(align) } else { self.effective_align(align) };
+        if let Some(a) = a {
             // `round_size` with the alignment already validated and raised.
             if let Some(size) = checked_align_up(bytes, a) {
                 if bytes != 0 && size <= self.cfg.range_size {
