@@ -2106,7 +2106,7 @@ impl<'d> MemPool<'d> {
     /// Allocates for `stream` in its shard `home`; a sharded pool offers the other shards'
     /// cached memory first (see `shards.rs`).
     // The unsharded path inlines down to the engine call (`PoolCore::allocate` and
-    // `try_allocate` are `inline(always)`): call frames and moves of the result cost ~25
+    // `try_allocate` are `inline(always)`): call frames and moves of the result cost ~30
     // instructions of a random allocation's ~600 through the public API.
     #[inline]
     fn allocate(
