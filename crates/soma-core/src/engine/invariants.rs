@@ -199,7 +199,10 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 }
             }
         }
-        ensure!(count == ix.count, "index {slot}: count {} != {count}", ix.count);
+        ensure!(
+            (count == 0) == ix.is_empty(),
+            "index {slot}: bitmaps disagree with {count} blocks"
+        );
         ensure!(bytes == ix.bytes, "index {slot}: bytes {} != {bytes}", ix.bytes);
         ensure!(ix.max_pos >= max_pos, "index {slot}: max_pos below a block's pos");
         indexed += count;

@@ -1062,7 +1062,7 @@ impl Engine {
             let stream = (slot - 1) as StreamSlot;
             let bound = order.eligibility(stream).host_observed;
             let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
-            if ix.count == 0 || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
+            if ix.is_empty() || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
                 continue;
             }
             due.clear();

@@ -461,7 +461,7 @@ impl Engine {
         budget: usize,
     ) -> Option<u32> {
         let ix = self.indexes.get(slot)?.as_deref()?;
-        if ix.count == 0 {
+        if ix.is_empty() {
             return None;
         }
         let blocks = &self.slab.blocks;
@@ -566,7 +566,7 @@ impl Engine {
             // An exact fit cannot be beaten (the hot path: the block this stream just freed).
             return Some((o, Some(ReuseKind::SameStream)));
         }
-        let fresh = if self.indexes[0].as_ref().is_some_and(|ix| ix.count > 0) {
+        let fresh = if self.indexes[0].as_ref().is_some_and(|ix| !ix.is_empty()) {
             self.search(0, size, align, None, usize::MAX)
         } else {
             None
@@ -586,7 +586,7 @@ impl Engine {
             let Some(ix) = self.indexes[slot].as_deref() else {
                 continue;
             };
-            if ix.count == 0 {
+            if ix.is_empty() {
                 continue;
             }
             let s = (slot - 1) as StreamSlot;
@@ -714,7 +714,7 @@ impl Engine {
         let own_slot = index_slot(true, stream);
         let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
         for slot in 1..self.indexes.len() {
-            if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.count == 0) {
+            if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.is_empty()) {
                 continue;
             }
             let s = (slot - 1) as StreamSlot;

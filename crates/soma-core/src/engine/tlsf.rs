@@ -132,8 +132,6 @@ pub(super) struct FreeIndex {
     heads: [u32; FL * SL],
     /// Sum of the sizes of the blocks in this index.
     pub bytes: u64,
-    /// Number of blocks in this index.
-    pub count: u64,
     /// Upper bound on the `pos` of the blocks in this index (exact after the index empties:
     /// reset to 0). Lets cross-stream searches skip per-block checks when all are eligible.
     pub max_pos: u64,
@@ -155,7 +153,6 @@ impl FreeIndex {
             sl_bitmap: [0; FL],
             heads: [NIL; FL * SL],
             bytes: 0,
-            count: 0,
             max_pos: 0,
             inserts: 0,
         }
@@ -199,7 +196,6 @@ impl FreeIndex {
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
         self.bytes += size;
-        self.count += 1;
         self.inserts += 1;
         self.max_pos = self.max_pos.max(pos);
     }
@@ -225,6 +221,10 @@ impl FreeIndex {
                 self.sl_bitmap[fl] &= !(1 << sl);
                 if self.sl_bitmap[fl] == 0 {
                     self.fl_bitmap &= !(1 << fl);
+                    if self.fl_bitmap == 0 {
+                        // Empty: no block bounds `max_pos` any more.
+                        self.max_pos = 0;
+                    }
                 }
             }
         }
@@ -232,16 +232,12 @@ impl FreeIndex {
             blocks[next_free as usize].prev_free = prev_free;
         }
         self.bytes -= size;
-        self.count -= 1;
-        if self.count == 0 {
-            self.max_pos = 0;
-        }
     }
 
     /// Puts unindexed free block `new` at the list position of indexed block `old`, which
     /// leaves the index. The caller guarantees that `old`'s list is a valid one for `new`
     /// (`new`'s own class or the one just below) in this index, and adjusts `bytes` /
-    /// `max_pos` itself (`count` is unchanged).
+    /// `max_pos` itself.
     ///
     /// # Time Complexity
     ///
@@ -335,7 +331,7 @@ mod tests {
     #[test]
     fn index_size() {
         // 8 KiB of list heads + bitmaps and counters, once per stream slot that freed memory
-        assert_eq!(std::mem::size_of::<FreeIndex>(), 8488);
+        assert_eq!(std::mem::size_of::<FreeIndex>(), 8480);
     }
 
     #[test]
