@@ -505,7 +505,12 @@ impl Engine {
         let tagged_indexes =
             self.indexes.iter().skip(1).flatten().filter(|ix| !ix.is_empty()).count();
         if found < need && tagged_indexes >= 2 {
-            self.collect_free_segments(&|b| recyclable_for(b, stream, order), protect, &mut cands);
+            self.collect_free_segments(
+                &|b| recyclable_for(b, stream, order),
+                protect,
+                0,
+                &mut cands,
+            );
         }
         let mut chosen = self.choose_recycled(&mut cands, need);
         // Highest first: splitting a free block keeps the record of its lower part, so the
@@ -577,22 +582,25 @@ impl Engine {
         chosen
     }
 
-    /// Replaces `out` with `(offset, size, first covering block)` of every segment, in address
-    /// order, that is entirely covered by free blocks satisfying `pred` and does not
-    /// intersect `protect`.
+    /// Replaces `out` with `(offset, size, first covering block)` of every segment starting
+    /// at or above `from`, in address order, that is entirely covered by free blocks
+    /// satisfying `pred` and does not intersect `protect`.
     ///
     /// # Time Complexity
     ///
-    /// O(blocks + segments).
+    /// O(blocks + segments) from the last unmapped hole at or below `from` (O(log holes) to
+    /// find it): packing looks only above `reserved`, where few segments are.
     fn collect_free_segments(
         &self,
         pred: &dyn Fn(&Block) -> bool,
         protect: (u64, u64),
+        from: u64,
         out: &mut Vec<(u64, u64, u32)>,
     ) {
         out.clear();
-        let mut cur = self.first;
-        for (&off, seg) in &self.segments {
+        // The walk over the blocks may start at any block at or below the first segment.
+        let mut cur = self.holes.range(..=from).next_back().map_or(self.first, |(_, &h)| h);
+        for (&off, seg) in self.segments.range(from..) {
             let end = off + seg.size;
             while self.slab.blocks[cur as usize].end() <= off {
                 cur = self.slab.blocks[cur as usize].next;
@@ -630,7 +638,7 @@ impl Engine {
             return Ok(0);
         }
         let mut cands = std::mem::take(&mut self.scratch);
-        self.collect_free_segments(pred, (0, 0), &mut cands);
+        self.collect_free_segments(pred, (0, 0), 0, &mut cands);
         let mut released = 0;
         let mut result = Ok(());
         for &(off, len, first) in cands.iter().rev() {
@@ -666,8 +674,9 @@ impl Engine {
     ///
     /// # Time Complexity
     ///
-    /// O(blocks + segments + holes) plus one driver call per moved segment and per mapped
-    /// segment; runs once per emptying of an engine that unmapped.
+    /// O(holes + log segments + the blocks and segments above `reserved`) plus one driver
+    /// call per moved segment and per mapped segment; runs once per emptying of an engine
+    /// that unmapped.
     #[cold]
     #[inline(never)]
     pub(super) fn pack_idle(&mut self, order: &dyn StreamOrder, backing: &mut dyn Backing) {
@@ -681,13 +690,11 @@ impl Engine {
         self.collect_free_segments(
             &|b| !b.tagged || order.is_complete(FreeTag { stream: b.stream, pos: b.pos }),
             (0, 0),
+            top,
             &mut cands,
         );
         let mut moved = 0;
         for &(off, len, first) in cands.iter().rev() {
-            if off < top {
-                break;
-            }
             let token = self.segments[&off].token;
             if backing.unmap(off, len, token).is_err() {
                 break;

@@ -847,8 +847,9 @@ impl Engine {
     /// per other stream with cached blocks. Growth: O(holes + large free blocks × log
     /// segments), or O(n + segments) when recycling needs the exhaustive scan — always next
     /// to a driver call. The first allocation after the engine emptied, when segments were
-    /// unmapped since, packs first: O(n + segments + holes) and a driver call per moved
-    /// segment (module docs, *Packing*). Out of memory: O(n) to build the report.
+    /// unmapped since, packs first: O(holes + the blocks and segments above `reserved`) and
+    /// a driver call per moved segment (module docs, *Packing*). Out of memory: O(n) to
+    /// build the report.
     #[allow(
         clippy::result_large_err,
         reason = "the API carries OomInfo by value; the error path is cold"
