@@ -249,11 +249,13 @@ impl FreeRing {
     }
 
     /// Tickets consumed so far (by [`pop_if`](Self::pop_if) and [`drain`](Self::drain)).
+    #[inline]
     pub fn consumed(&self) -> u64 {
         self.head.load(Ordering::Acquire)
     }
 
     /// Tickets produced so far (claimed by [`push`](Self::push)).
+    #[inline]
     pub fn produced(&self) -> u64 {
         self.tail.load(Ordering::Acquire)
     }

@@ -524,6 +524,7 @@ impl MemPoolBuilder {
                 history: (self.history > 0).then(|| History::new(self.history)),
                 raw_blocks: std::collections::HashSet::new(),
                 ring_accounted: 0,
+                budget_base: (0, 0),
             }),
             created: spec.created,
             on_oom: self.on_oom.clone(),
@@ -582,22 +583,17 @@ pub(crate) struct PoolInner {
     raw_blocks: std::collections::HashSet<BlockId>,
     /// Free-ring tickets accounted in the engine (drained, or counted as handed out again).
     ring_accounted: u64,
+    /// A sharded pool's shard: its `(used, live blocks)` when it was last locked, for
+    /// [`Locked`]'s drop. Kept here, under the lock, rather than in the guard: a smaller
+    /// guard is moved for less on every lock.
+    budget_base: (u64, u64),
 }
 
 impl PoolInner {
     /// Splits the engine from a backing that maps through `core` and records into the history.
     fn parts<'a>(&'a mut self, core: &'a PoolCore) -> (&'a mut Engine, HalBacking<'a>) {
         let (used, reserved) = (self.engine.used(), self.engine.reserved());
-        let backing = HalBacking {
-            hal: &*core.hal,
-            base: core.base,
-            preallocated: core.preallocated,
-            history: self.history.as_mut(),
-            created: core.created,
-            used,
-            reserved,
-            budget: core.budget.as_deref(),
-        };
+        let backing = HalBacking { core, history: self.history.as_mut(), used, reserved };
         (&mut self.engine, backing)
     }
 
@@ -646,8 +642,8 @@ impl PoolInner {
 /// section changed in the shard's used bytes and live blocks to the pool-wide counters.
 pub(crate) struct Locked<'a> {
     guard: MutexGuard<'a, PoolInner>,
-    /// The pool's counters and the shard's `(used, live blocks)` when it was locked.
-    budget: Option<(&'a shards::Budget, u64, u64)>,
+    /// The pool's counters (the shard's own at locking are in `PoolInner::budget_base`).
+    budget: Option<&'a shards::Budget>,
 }
 
 impl std::ops::Deref for Locked<'_> {
@@ -667,7 +663,8 @@ impl std::ops::DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some((budget, used, live)) = self.budget {
+        if let Some(budget) = self.budget {
+            let (used, live) = self.guard.budget_base;
             let engine = &self.guard.engine;
             // Both are below 2^63 (bounded by the range and the slab).
             let d_used = engine.used() as i64 - used as i64;
@@ -714,25 +711,22 @@ pub(crate) struct PoolCore {
 }
 
 /// Maps the engine's offsets onto the device: one physical allocation per mapped run.
+///
+/// Built on every allocation, so it holds the core rather than copies of the core's fields
+/// (its device, range base and budget are read only when the engine maps or unmaps).
 struct HalBacking<'a> {
-    hal: &'a dyn DeviceHal,
-    base: DevicePtr,
-    /// The range is one `malloc` segment (device without VMM): mapping and unmapping only
-    /// account, the memory stays allocated until the pool is dropped.
-    preallocated: bool,
+    core: &'a PoolCore,
     history: Option<&'a mut History>,
-    created: Instant,
+    /// The engine's used and reserved bytes, for the history records of this call's maps.
     used: u64,
     reserved: u64,
-    /// A sharded pool's limit, shared with the other shards: every map claims its size first.
-    budget: Option<&'a shards::Budget>,
 }
 
 impl HalBacking<'_> {
     fn record(&mut self, kind: RecordKind, offset: u64, size: u64) {
         if let Some(history) = self.history.as_deref_mut() {
             history.push(Record {
-                t_ns: self.created.elapsed().as_nanos() as u64,
+                t_ns: self.core.created.elapsed().as_nanos() as u64,
                 kind,
                 stream: 0,
                 offset,
@@ -750,31 +744,33 @@ impl HalBacking<'_> {
 impl Backing for HalBacking<'_> {
     fn map(&mut self, offset: u64, size: u64) -> std::result::Result<u64, BackingError> {
         let va = self
+            .core
             .base
             .checked_add(offset)
             .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
-        if self.preallocated {
+        if self.core.preallocated {
             self.reserved += size;
             self.record(RecordKind::Map, offset, size);
             return Ok(0);
         }
-        if self.budget.is_some_and(|b| !b.try_map(size)) {
+        if self.core.budget.as_deref().is_some_and(|b| !b.try_map(size)) {
             // The other shards hold the rest of the pool's limit.
             return Err(BackingError::OutOfMemory);
         }
-        let mapped =
-            self.hal.alloc_physical(size).and_then(|handle| match self.hal.map(va, handle) {
+        let mapped = self.core.hal.alloc_physical(size).and_then(|handle| {
+            match self.core.hal.map(va, handle) {
                 Ok(()) => Ok(handle),
                 Err(e) => {
                     // The physical allocation is ours alone; give it back before reporting.
-                    let _ = self.hal.free_physical(handle);
+                    let _ = self.core.hal.free_physical(handle);
                     Err(e)
                 }
-            });
+            }
+        });
         let handle = match mapped {
             Ok(handle) => handle,
             Err(e) => {
-                if let Some(b) = self.budget {
+                if let Some(b) = self.core.budget.as_deref() {
                     b.unmapped(size);
                 }
                 return Err(map_backing_error(e));
@@ -793,18 +789,19 @@ impl Backing for HalBacking<'_> {
         token: u64,
     ) -> std::result::Result<(), BackingError> {
         let va = self
+            .core
             .base
             .checked_add(offset)
             .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
-        if self.preallocated {
+        if self.core.preallocated {
             self.reserved = self.reserved.saturating_sub(size);
             self.record(RecordKind::Unmap, offset, size);
             return Ok(());
         }
-        let handle = self.hal.unmap(va).map_err(map_backing_error)?;
+        let handle = self.core.hal.unmap(va).map_err(map_backing_error)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
-        self.hal.free_physical(handle).map_err(map_backing_error)?;
-        if let Some(b) = self.budget {
+        self.core.hal.free_physical(handle).map_err(map_backing_error)?;
+        if let Some(b) = self.core.budget.as_deref() {
             // Accounted as the engine accounts it: released once the free succeeded.
             b.unmapped(size);
         }
@@ -866,9 +863,11 @@ impl PoolCore {
         // parking_lot's by ~10-25 % on the multi-stream bench. Poisoning is ignored, as with
         // parking_lot before: the engine does not panic on any input (the bad-input and
         // fuzz tests check it), and a pool that refused every later call would be worse.
-        let guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let budget =
-            self.budget.as_deref().map(|b| (b, guard.engine.used(), guard.engine.live_blocks()));
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let budget = self.budget.as_deref();
+        if budget.is_some() {
+            guard.budget_base = (guard.engine.used(), guard.engine.live_blocks());
+        }
         let mut inner = Locked { guard, budget };
         if let Some(ring) = &self.free_ring {
             if ring.produced() != inner.ring_accounted {
@@ -1141,12 +1140,13 @@ impl PoolCore {
         if let Some(native) = &self.native {
             return self.allocate_native(&**native, bytes, stream);
         }
-        match self.try_allocate(device, bytes, stream, location, peers) {
-            Err(Error::OutOfMemory(oom)) => {
-                self.retry_after_oom(device, bytes, stream, location, on_oom, peers, oom)
-            }
-            other => other,
+        let first = self.try_allocate(device, bytes, stream, location, peers);
+        // Tested in place, not matched by value: a match arm that passes the result on
+        // copies it (~10 instructions per allocation).
+        if !matches!(first, Err(Error::OutOfMemory(_))) {
+            return first;
         }
+        self.retry_after_oom(device, bytes, stream, location, on_oom, peers, first)
     }
 
     /// Out of memory after waiting for pending frees: both the per-call hook and the pool's
@@ -1162,8 +1162,9 @@ impl PoolCore {
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         peers: &[&PoolCore],
-        oom: Box<OutOfMemory>,
+        first: Result<Granted>,
     ) -> Result<Granted> {
+        let Err(Error::OutOfMemory(oom)) = first else { return first };
         let local = on_oom(&oom);
         let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
         if local == OomAction::Retry || global == OomAction::Retry {
@@ -1213,6 +1214,10 @@ impl PoolCore {
             self.alloc_locked(&mut inner, bytes, stream, &order)
         };
         let allocation = match first {
+            // The common case reads the engine's answer where it landed: no moves of it.
+            Ok(a) if a.dependency.is_none() && !self.annotate && !self.history_on => {
+                return Ok(self.granted(&a));
+            }
             Ok(a) => a,
             Err(e) => match self.alloc_failed(device, bytes, stream, location, &order, e, peers)? {
                 Ok(a) => a,
