@@ -685,7 +685,7 @@ pub(crate) struct PoolCore {
     shard: u8,
     settings: Arc<Settings>,
     /// The pool-wide limit and counters of a sharded pool (`None`: one shard, whose engine
-    /// keeps them).
+    /// keeps them), shared with the other shards: every map claims its size from it first.
     budget: Option<Arc<shards::Budget>>,
     torn_down: AtomicBool,
     pub(crate) inner: Mutex<PoolInner>,
@@ -693,7 +693,8 @@ pub(crate) struct PoolCore {
     on_oom: Option<OomHook>,
     /// Whether the device's sanitizer wants to hear about allocations and frees.
     annotate: bool,
-    /// The range is one `malloc` segment (a device without VMM).
+    /// The range is one `malloc` segment (a device without VMM): the engine's maps and unmaps
+    /// only account, the memory stays allocated until the pool is dropped.
     preallocated: bool,
     /// The device's own pool, for `MemPoolBuilder::native()`; the engine is then unused.
     pub(crate) native: Option<Box<dyn crate::hal::NativePoolHal>>,
