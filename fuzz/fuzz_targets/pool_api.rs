@@ -2,8 +2,10 @@
 //! driver faults.
 //!
 //! Two raw-pointer pools (one tight, so that growth fails, internal dependencies and the
-//! out-of-memory path run), three streams, two events. After every op: no panic, no two live
-//! allocations overlap, each pool's `used` is the sum of its live sizes, `reserved >= used`,
+//! out-of-memory path run), two pools of typed allocations (`PoolAlloc`, freed through the
+//! lock-free free ring; one split in two stream shards), three streams, two events. After
+//! every op: no panic, no two live allocations overlap, each pool's `used` is the sum of its
+//! live sizes, `reserved >= used`,
 //! the device maps exactly the pools' reserved bytes, and bad input is an error that changes
 //! nothing. At the end everything is freed, synchronised and trimmed, and the device holds no
 //! memory.
@@ -37,6 +39,15 @@ enum Op {
     Sleep { stream: u8 },
     Fault { map: bool, every: u8 },
     ClearFaults,
+    AllocTyped { sharded: bool, stream: u8, len: u32 },
+    DropTyped { which: u8 },
+    FreeTyped { which: u8 },
+    HandOff { which: u8, stream: u8 },
+}
+
+/// The size the pool gives a typed allocation of `len` bytes (its 512-byte alignment).
+fn rounded(len: usize) -> u64 {
+    (len as u64).div_ceil(512) * 512
 }
 
 fn npu() -> &'static Npu {
@@ -59,7 +70,13 @@ fuzz_target!(|ops: Vec<Op>| {
             .build(&dev)
             .unwrap(),
     ];
+    let typed = [
+        MemPool::builder().max_size(64 * MIB).build(&dev).unwrap(),
+        MemPool::builder().max_size(64 * MIB).stream_shards(2).build(&dev).unwrap(),
+    ];
     let streams: Vec<_> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
+    // (typed pool, allocation)
+    let mut typed_live: Vec<(usize, soma::PoolAlloc<'_, u8>)> = Vec::new();
     let events = [dev.create_event().unwrap(), dev.create_event().unwrap()];
     // (pool, ptr, size)
     let mut live: Vec<(usize, DevicePtr, u64)> = Vec::new();
@@ -148,8 +165,46 @@ fuzz_target!(|ops: Vec<Op>| {
                 sim.faults().clear(FaultKind::Map);
                 sim.faults().clear(FaultKind::AllocPhysical);
             }
+            Op::AllocTyped { sharded, stream, len } => {
+                let ti = p(sharded);
+                let used_before = typed[ti].stats().used;
+                match typed[ti].alloc_async::<u8>(len as usize, s(stream)) {
+                    Ok(a) => {
+                        assert_eq!(a.len(), len as usize);
+                        typed_live.push((ti, a));
+                    }
+                    Err(e) => {
+                        assert_eq!(typed[ti].stats().used, used_before, "{e}");
+                        if len == 0 {
+                            assert!(matches!(e, soma::Error::InvalidSize(_)));
+                        }
+                    }
+                }
+            }
+            Op::DropTyped { which } => {
+                if !typed_live.is_empty() {
+                    drop(typed_live.swap_remove(which as usize % typed_live.len()));
+                }
+            }
+            Op::FreeTyped { which } => {
+                if !typed_live.is_empty() {
+                    let (_, a) = typed_live.swap_remove(which as usize % typed_live.len());
+                    a.free().unwrap();
+                }
+            }
+            Op::HandOff { which, stream } => {
+                if !typed_live.is_empty() {
+                    let i = which as usize % typed_live.len();
+                    let (ti, a) = typed_live.swap_remove(i);
+                    // On failure the allocation is freed onto its original stream.
+                    if let Ok(a) = a.hand_off(s(stream)) {
+                        typed_live.push((ti, a));
+                    }
+                }
+            }
         }
         let mut sorted = live.clone();
+        sorted.extend(typed_live.iter().map(|(ti, a)| (2 + ti, a.device_ptr(), rounded(a.len()))));
         sorted.sort_by_key(|l| l.1);
         for w in sorted.windows(2) {
             assert!(w[0].1.addr() + w[0].2 <= w[1].1.addr(), "live allocations overlap: {w:?}");
@@ -163,6 +218,15 @@ fuzz_target!(|ops: Vec<Op>| {
             assert!(st.used_high >= st.used && st.reserved_high >= st.reserved, "{st:?}");
             reserved += st.reserved;
         }
+        for (ti, pool) in typed.iter().enumerate() {
+            // `stats` takes the lock, which first drains the free ring: typed frees show.
+            let st = pool.stats();
+            let used: u64 =
+                typed_live.iter().filter(|l| l.0 == ti).map(|l| rounded(l.1.len())).sum();
+            assert_eq!(st.used, used, "typed pool {ti}: {st:?}");
+            assert!(st.reserved >= st.used && st.reserved <= st.max_size, "{st:?}");
+            reserved += st.reserved;
+        }
         assert_eq!(sim.stats().mapped_bytes, reserved, "device vs pools");
     }
     sim.faults().clear(FaultKind::Map);
@@ -170,12 +234,14 @@ fuzz_target!(|ops: Vec<Op>| {
     for (pi, ptr, _) in live.drain(..) {
         pools[pi].free_raw(ptr, &streams[0]).unwrap();
     }
+    drop(typed_live);
     dev.synchronize().unwrap();
-    for pool in &pools {
+    for pool in pools.iter().chain(&typed) {
         pool.trim_to(0).unwrap();
         assert_eq!(pool.stats().reserved, 0);
     }
     drop(pools);
+    drop(typed);
     assert_eq!(sim.stats().mapped_bytes, 0);
     assert_eq!(sim.stats().physical_bytes, 0);
 });
