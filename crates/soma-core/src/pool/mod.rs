@@ -1141,13 +1141,12 @@ impl PoolCore {
         if let Some(native) = &self.native {
             return self.allocate_native(&**native, bytes, stream);
         }
-        let first = self.try_allocate(device, bytes, stream, location, peers);
-        // Tested in place, not matched by value: a match arm that passes the result on
-        // copies it (~10 instructions per allocation).
-        if !matches!(first, Err(Error::OutOfMemory(_))) {
-            return first;
+        match self.try_allocate(device, bytes, stream, location, peers) {
+            Err(Error::OutOfMemory(oom)) => {
+                self.retry_after_oom(device, bytes, stream, location, on_oom, peers, oom)
+            }
+            other => other,
         }
-        self.retry_after_oom(device, bytes, stream, location, on_oom, peers, first)
     }
 
     /// Out of memory after waiting for pending frees: both the per-call hook and the pool's
@@ -1163,9 +1162,8 @@ impl PoolCore {
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         peers: &[&PoolCore],
-        first: Result<Granted>,
+        oom: Box<OutOfMemory>,
     ) -> Result<Granted> {
-        let Err(Error::OutOfMemory(oom)) = first else { return first };
         let local = on_oom(&oom);
         let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
         if local == OomAction::Retry || global == OomAction::Retry {
