@@ -340,6 +340,46 @@ fn trim_releases_now_but_never_memory_in_use() {
 }
 
 #[test]
+fn trim_and_threshold_keep_what_they_are_told_when_one_allocation_made_the_cache() {
+    let _serial = setup();
+    // (cached bytes, trim or threshold, expected reserved after): the cache is the memory of
+    // one large allocation, mapped in segments larger than a granule.
+    let cases = [
+        (16 * MIB, 2 * MIB, 2 * MIB),
+        (16 * MIB, 5 * MIB, 4 * MIB),
+        (16 * MIB, 6 * MIB, 6 * MIB),
+        (32 * MIB, 2 * MIB, 2 * MIB),
+        (32 * MIB, 30 * MIB, 30 * MIB),
+    ];
+    for threshold in [false, true] {
+        for (cached, keep, expect) in cases {
+            let pool = pool(256 * MIB);
+            let s = stream();
+            ok(set_u64(pool, THRESHOLD, 256 * MIB as u64));
+            let p = alloc(cached, pool, s);
+            ok(free(p, s));
+            ok(aclrtSynchronizeStream(s));
+            assert_eq!(get(pool, RESERVED), cached as u64);
+            if threshold {
+                ok(set_u64(pool, THRESHOLD, keep as u64));
+                ok(aclrtSynchronizeStream(s));
+            } else {
+                ok(aclrtMemPoolTrimTo(pool, keep));
+            }
+            let r = get(pool, RESERVED);
+            assert_eq!(r, expect as u64, "threshold {threshold}: {cached} cached, keep {keep}");
+            // What was kept is served without growing.
+            let again = alloc(expect, pool, s);
+            assert_eq!(get(pool, RESERVED), r);
+            ok(free(again, s));
+            ok(aclrtSynchronizeStream(s));
+            ok(aclrtMemPoolDestroy(pool));
+            ok(aclrtDestroyStream(s));
+        }
+    }
+}
+
+#[test]
 fn free_async_of_acl_malloc_memory_waits_for_the_stream() {
     let _serial = setup();
     let s = stream();

@@ -626,7 +626,13 @@ impl Engine {
     }
 
     /// Unmaps, highest address first, fully free segments whose every block satisfies
-    /// `pred` until `reserved <= max(keep, used)`.
+    /// `pred` until `reserved <= max(keep, used)`, without going below the target by a
+    /// granule or more: a segment larger than what is left to release is skipped while
+    /// smaller ones can go, and if the target is still not met, one of the skipped segments
+    /// is unmapped and its lowest granules mapped again, so that `reserved` ends at the
+    /// target rounded down to the granularity (the release threshold and `trim_to` keep what
+    /// they were told to keep; a multi-granule segment unmapped whole would take the cache of
+    /// one large allocation away entirely). Returns the bytes released, net of that remap.
     pub(super) fn release_where(
         &mut self,
         keep: u64,
@@ -641,9 +647,15 @@ impl Engine {
         self.collect_free_segments(pred, (0, 0), 0, &mut cands);
         let mut released = 0;
         let mut result = Ok(());
+        // The highest segment too large to go whole.
+        let mut too_large = None;
         for &(off, len, first) in cands.iter().rev() {
             if self.stats.reserved <= target {
                 break;
+            }
+            if self.stats.reserved - len < target {
+                too_large = too_large.or(Some(off));
+                continue;
             }
             let token = self.segments[&off].token;
             if let Err(e) = backing.unmap(off, len, token) {
@@ -653,9 +665,52 @@ impl Engine {
             self.unmap_bookkeeping(off, len, first);
             released += len;
         }
+        if let (Ok(()), Some(off)) = (&result, too_large) {
+            if self.stats.reserved > target {
+                // The unmaps above may have split the blocks covering it: find them again.
+                self.collect_free_segments(pred, (0, 0), off, &mut cands);
+                if let Some(&(o, len, first)) = cands.first().filter(|c| c.0 == off) {
+                    result = self.release_part(o, len, first, target, backing).map(|n| {
+                        released += n;
+                    });
+                }
+            }
+        }
         cands.clear();
         self.scratch = cands;
         result.map(|()| released)
+    }
+
+    /// Unmaps free segment `[off, off + len)` (covered from block `first`) and maps its
+    /// lowest granules again, so that `reserved` drops to `target` rounded down to the
+    /// granularity; `reserved - len < target < reserved`. Returns the bytes released. A
+    /// failed remap is not an error: the segment stays unmapped (`reserved` ends lower).
+    fn release_part(
+        &mut self,
+        off: u64,
+        len: u64,
+        first: u32,
+        target: u64,
+        backing: &mut dyn Backing,
+    ) -> Result<u64, BackingError> {
+        let rest = self.stats.reserved - len;
+        let again = align_down(target - rest, self.cfg.granularity);
+        if again >= len {
+            return Ok(0);
+        }
+        let token = self.segments[&off].token;
+        backing.unmap(off, len, token)?;
+        self.unmap_bookkeeping(off, len, first);
+        if again == 0 {
+            return Ok(len);
+        }
+        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
+        if self.map_chunks(off, again, backing, &mut tokens).is_err() {
+            return Ok(len);
+        }
+        let fresh = self.map_into_hole(off, again, &tokens);
+        self.insert_free_coalesce(fresh);
+        Ok(len - again)
     }
 
     /// Packing, on the first allocation after the engine emptied (nothing live) when

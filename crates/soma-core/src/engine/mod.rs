@@ -1140,8 +1140,11 @@ impl Engine {
 
     /// Unmaps fully free segments whose memory no in-flight work can touch (untagged, or
     /// [`StreamOrder::is_complete`]) — highest address first, so that what stays mapped is
-    /// packed low — until `reserved <= max(keep, used)` or nothing more can go. Segments are
-    /// unmapped whole, so `reserved` may end below the target. Returns the bytes released.
+    /// packed low — until `reserved <= max(keep, used)` or nothing more can go. `reserved`
+    /// never ends below the target rounded down to the granularity: a segment larger than
+    /// what is left to release is skipped while smaller ones can go, and otherwise unmapped
+    /// with its lowest granules mapped again (one more map call). Returns the bytes released
+    /// (net).
     ///
     /// # Errors
     ///

@@ -452,11 +452,26 @@ impl Model {
                 let keep = keep / (G / self.p.granularity);
                 let order = self.clock.order(0);
                 let reserved = self.e.reserved();
+                // The remap of a cut segment fails when told to, or when the capacity was
+                // lowered below what is mapped.
+                let remap_may_fail =
+                    self.b.fail_next_map.is_some() || self.b.capacity.is_some_and(|c| c < reserved);
                 let r = self.e.release(keep, &order, &mut self.b);
                 self.drain_unmaps();
                 self.b.fail_next_unmap = None;
                 if let Ok(n) = r {
                     assert_eq!(self.e.reserved(), reserved - n);
+                    // never below the target rounded down to a granule (a segment larger
+                    // than what is left to release is cut, not unmapped whole)
+                    let g = self.p.granularity;
+                    let floor = (keep.max(self.e.used()) / g * g).min(reserved);
+                    if !remap_may_fail {
+                        assert!(
+                            self.e.reserved() >= floor,
+                            "release to {keep} went below it: {reserved} -> {}",
+                            self.e.reserved()
+                        );
+                    }
                     // either the target is met or nothing more can go
                     if self.e.reserved() > keep.max(self.e.used()) {
                         let again = self.e.release(keep, &order, &mut self.b).unwrap();

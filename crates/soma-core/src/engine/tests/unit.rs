@@ -636,6 +636,55 @@ fn release_goes_highest_first_and_stops_at_the_target() {
 }
 
 #[test]
+fn release_keeps_the_target_when_one_segment_holds_more() {
+    // One 16 MiB allocation mapped as one segment, freed: the cache is that segment.
+    let setup = || {
+        let mut e = engine(64 * G);
+        e.set_segments_per_growth(1);
+        let mut b = FakeBacking::new();
+        let o = TestOrder::complete();
+        let a = alloc(&mut e, &mut b, &o, 8 * G, 0);
+        free(&mut e, &a, 0, 1);
+        assert_eq!(e.stats().mapped_segments, 1);
+        (e, b, o)
+    };
+    for (keep, kept) in [(G, G), (2 * G + G / 2, 2 * G), (7 * G, 7 * G), (G / 2, 0)] {
+        let (mut e, mut b, o) = setup();
+        let maps = b.maps;
+        assert_eq!(e.release(keep, &o, &mut b).unwrap(), 8 * G - kept, "keep {keep}");
+        e.check_invariants().unwrap();
+        assert_eq!(e.reserved(), kept, "keep {keep}");
+        assert_eq!(b.total(), kept);
+        // Unmapped whole, its lowest granules mapped again (in power-of-two segments).
+        assert_eq!(b.maps > maps, kept > 0, "keep {keep}");
+        if kept > 0 {
+            // What stays is never-used memory at the bottom of the range.
+            assert_eq!(
+                e.blocks().next().unwrap(),
+                BlockInfo { offset: 0, size: kept, state: BlockState::Free(None) }
+            );
+            let remapped = b.maps;
+            let again = alloc(&mut e, &mut b, &o, kept, 1);
+            assert_eq!((again.offset, b.maps), (0, remapped));
+        }
+    }
+    // Segments that fit go whole, before the one that does not is cut.
+    let mut e = engine(64 * G);
+    e.set_segments_per_growth(1);
+    let mut b = FakeBacking::new();
+    let o = TestOrder::complete();
+    let all: Vec<_> = [8 * G, G, G].iter().map(|&n| alloc(&mut e, &mut b, &o, n, 0)).collect();
+    for a in &all {
+        free(&mut e, a, 0, 2);
+    }
+    assert_eq!(e.stats().mapped_segments, 3);
+    let maps = b.maps;
+    assert_eq!(e.release(8 * G, &o, &mut b).unwrap(), 2 * G);
+    assert_eq!((e.reserved(), b.maps, e.stats().mapped_segments), (8 * G, maps, 1));
+    e.check_invariants().unwrap();
+}
+
+#[test]
 fn release_unmap_error_keeps_state_exact() {
     let mut e = engine(64 * G);
     let mut b = FakeBacking::new();
