@@ -1865,8 +1865,10 @@ impl<'d> MemPool<'d> {
         Ok(())
     }
 
-    /// Releases free memory now, down to `max(bytes, used)`; memory in use, and memory whose
-    /// free has not completed on the device, is never released. Returns the bytes released.
+    /// Releases free memory now, down to `max(bytes, used)`, keeping at least `bytes`
+    /// (rounded up to the device granularity, as CUDA's and CANN's `minBytesToKeep`); memory
+    /// in use, and memory whose free has not completed on the device, is never released.
+    /// Returns the bytes released.
     ///
     /// # Errors
     /// `bytes` above the pool's max size; backend failures (accounting stays exact).
@@ -1890,7 +1892,11 @@ impl<'d> MemPool<'d> {
         for core in self.cores() {
             let mut inner = core.lock();
             core.drain_passthrough(&self.device.shared, &mut inner);
-            let keep = core.keep_for(inner.engine.reserved(), bytes);
+            // At least `bytes` stay (CUDA's and CANN's `minBytesToKeep`): the engine keeps
+            // its target rounded down to a granule, so round it up here. `max_size` is a
+            // multiple of the granularity, so the rounded target stays within it.
+            let at_least = bytes.next_multiple_of(inner.engine.config().granularity);
+            let keep = core.keep_for(inner.engine.reserved(), at_least);
             let (engine, mut backing) = inner.parts(core);
             let released = engine.release(keep, &order, &mut backing).map_err(|e| {
                 Error::Driver(crate::hal::DriverError::Native {
