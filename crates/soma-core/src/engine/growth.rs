@@ -521,12 +521,9 @@ impl Engine {
         let too_coarse = found < need && granules_free > found;
         let mut unmapped = 0;
         for &(off, len, first) in &chosen {
-            let seg = self.segments[&off];
-            debug_assert_eq!(seg.size, len, "boundaries and segments disagree at {off}");
-            if backing.unmap(off, len, seg.token).is_err() {
+            if self.unmap_segment(off, len, first, backing).is_err() {
                 break;
             }
-            self.unmap_bookkeeping(off, len, first);
             unmapped += len;
         }
         cands.clear();
@@ -657,12 +654,10 @@ impl Engine {
                 too_large = too_large.or(Some(off));
                 continue;
             }
-            let token = self.segments[&off].token;
-            if let Err(e) = backing.unmap(off, len, token) {
+            if let Err(e) = self.unmap_segment(off, len, first, backing) {
                 result = Err(e);
                 break;
             }
-            self.unmap_bookkeeping(off, len, first);
             released += len;
         }
         if let (Ok(()), Some(off)) = (&result, too_large) {
@@ -695,22 +690,43 @@ impl Engine {
     ) -> Result<u64, BackingError> {
         let rest = self.stats.reserved - len;
         let again = align_down(target - rest, self.cfg.granularity);
-        if again >= len {
-            return Ok(0);
-        }
-        let token = self.segments[&off].token;
-        backing.unmap(off, len, token)?;
-        self.unmap_bookkeeping(off, len, first);
-        if again == 0 {
+        debug_assert!(again < len, "segment at {off} not larger than what is left to release");
+        self.unmap_segment(off, len, first, backing)?;
+        if again == 0 || self.map_free(off, again, backing).is_err() {
             return Ok(len);
         }
-        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
-        if self.map_chunks(off, again, backing, &mut tokens).is_err() {
-            return Ok(len);
-        }
-        let fresh = self.map_into_hole(off, again, &tokens);
-        self.insert_free_coalesce(fresh);
         Ok(len - again)
+    }
+
+    /// Unmaps fully free segment `[off, off + len)`, whose free blocks start at `first`, and
+    /// turns it into unmapped space.
+    fn unmap_segment(
+        &mut self,
+        off: u64,
+        len: u64,
+        first: u32,
+        backing: &mut dyn Backing,
+    ) -> Result<(), BackingError> {
+        let seg = self.segments[&off];
+        debug_assert_eq!(seg.size, len, "boundaries and segments disagree at {off}");
+        backing.unmap(off, len, seg.token)?;
+        self.unmap_bookkeeping(off, len, first);
+        Ok(())
+    }
+
+    /// Maps `[off, off + len)` of an unmapped hole as never-used free memory, coalesced and
+    /// indexed.
+    fn map_free(
+        &mut self,
+        off: u64,
+        len: u64,
+        backing: &mut dyn Backing,
+    ) -> Result<(), BackingError> {
+        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
+        self.map_chunks(off, len, backing, &mut tokens)?;
+        let fresh = self.map_into_hole(off, len, &tokens);
+        self.insert_free_coalesce(fresh);
+        Ok(())
     }
 
     /// Packing, on the first allocation after the engine emptied (nothing live) when
@@ -750,11 +766,9 @@ impl Engine {
         );
         let mut moved = 0;
         for &(off, len, first) in cands.iter().rev() {
-            let token = self.segments[&off].token;
-            if backing.unmap(off, len, token).is_err() {
+            if self.unmap_segment(off, len, first, backing).is_err() {
                 break;
             }
-            self.unmap_bookkeeping(off, len, first);
             moved += len;
         }
         cands.clear();
@@ -766,18 +780,14 @@ impl Engine {
             .map(|(&h0, &h)| (h0, self.slab.blocks[h as usize].size.min(top.saturating_sub(h0))))
             .take_while(|&(h0, _)| h0 < top)
             .collect();
-        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
         for (h0, room) in holes {
             if moved == 0 {
                 break;
             }
             let len = room.min(moved);
-            tokens.clear();
-            if self.map_chunks(h0, len, backing, &mut tokens).is_err() {
+            if self.map_free(h0, len, backing).is_err() {
                 break;
             }
-            let fresh = self.map_into_hole(h0, len, &tokens);
-            self.insert_free_coalesce(fresh);
             moved -= len;
         }
         // Its own unmaps set the flag again.
