@@ -117,6 +117,12 @@ impl Faults {
         }
     }
 
+    /// Whether any task fault is armed (tasks then all go through their stream's queue,
+    /// where [`Faults::task_hit`] sees them).
+    pub(crate) fn tasks_armed(&self) -> bool {
+        self.tasks_armed.load(Ordering::Acquire)
+    }
+
     /// Whether task `position` of `stream`, about to execute, must fail (consumes the fault).
     pub(crate) fn task_hit(&self, stream: u64, position: u64) -> bool {
         if !self.tasks_armed.load(Ordering::Acquire) {

@@ -1,4 +1,5 @@
-//! Events: cross-stream ordering, re-recording, timing, records on failed streams.
+//! Events: cross-stream ordering, re-recording, timing, records on failed streams, records on
+//! idle streams.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -147,4 +148,71 @@ fn chained_waits_through_three_streams() {
     s[2].launch(fill_kernel(buf, 64, 3)).unwrap();
     dev.synchronize().unwrap();
     assert_eq!(read(&dev, buf, 64), vec![3; 64]);
+}
+
+/// A record on a stream with nothing in flight is complete when `record` returns (it is
+/// completed on the calling thread instead of waking the stream's worker), and waiting on it
+/// enqueues nothing; behind pending work a record waits for that work. Positions stay
+/// consecutive across both kinds of record.
+#[test]
+fn record_on_an_idle_stream_completes_at_once() {
+    let dev = device(64 * MIB);
+    let (a, b) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let ev = dev.create_event().unwrap();
+    for pos in 1..=3 {
+        assert_eq!(a.record(ev.as_ref()).unwrap(), pos);
+        assert!(ev.query().unwrap(), "record {pos} on an idle stream");
+        assert_eq!((a.enqueued(), a.completed()), (pos, pos));
+    }
+    b.wait(ev.as_ref()).unwrap();
+    assert_eq!(b.enqueued(), 0, "a wait on a complete record enqueues nothing");
+
+    let (tx, rx) = gate();
+    a.host_fn(Box::new(move || recv(&rx))).unwrap();
+    assert_eq!(a.record(ev.as_ref()).unwrap(), 5);
+    assert!(!ev.query().unwrap(), "a record behind a blocked host fn is pending");
+    b.wait(ev.as_ref()).unwrap();
+    assert_eq!(b.enqueued(), 1, "a wait on a pending record is a task");
+    let ran = Arc::new(AtomicU64::new(0));
+    let r = Arc::clone(&ran);
+    b.host_fn(Box::new(move || r.store(1, Ordering::SeqCst))).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "b waits for a's pending record");
+    tx.send(()).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert!(ev.query().unwrap());
+    a.synchronize().unwrap();
+    assert_eq!(a.record(ev.as_ref()).unwrap(), 6, "idle again: positions go on");
+    assert!(ev.query().unwrap());
+
+    // Elapsed time between records completed on the host and by the worker is defined.
+    let start = dev.create_event().unwrap();
+    a.record(start.as_ref()).unwrap();
+    let (tx, rx) = gate();
+    a.host_fn(Box::new(move || recv(&rx))).unwrap();
+    a.record(ev.as_ref()).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    tx.send(()).unwrap();
+    ev.synchronize().unwrap();
+    let ms = start.elapsed_ms(ev.as_ref()).unwrap();
+    assert!((25.0..10_000.0).contains(&ms), "{ms}");
+}
+
+/// An armed task fault still hits a record on an idle stream: the record then goes through
+/// the queue and completes with the stream's error, as any record of a failed task.
+#[test]
+fn a_task_fault_hits_a_record_on_an_idle_stream() {
+    let dev = device(64 * MIB);
+    let a = dev.create_stream().unwrap();
+    let ev = dev.create_event().unwrap();
+    dev.faults().fail_next_task(a.id());
+    assert_eq!(a.record(ev.as_ref()).unwrap(), 1);
+    let e = ev.synchronize().unwrap_err();
+    assert!(matches!(e, soma_sim::hal::DriverError::TaskFailed { task: 1, .. }), "{e:?}");
+    assert!(a.synchronize().is_err(), "the stream failed");
+    // A failed stream's records keep going through the queue and carry its error.
+    let later = dev.create_event().unwrap();
+    a.record(later.as_ref()).unwrap();
+    assert!(later.synchronize().is_err());
 }
