@@ -904,7 +904,9 @@ fn released(m: &Model, what: &str, trim: Option<(usize, u64)>) -> Result<(), Str
         if !m.freed[p].iter().all(complete) {
             continue;
         }
-        let bound = trim.map_or(pool.threshold, |(_, n)| n);
+        // A trim keeps at least its argument rounded up to the granularity (CUDA's and
+        // CANN's `minBytesToKeep`, docs/c-api.md); the threshold releases down to itself.
+        let bound = trim.map_or(pool.threshold, |(_, n)| n.next_multiple_of(GRANULE));
         let r = attr(pool.handle, RESERVED)?;
         if r > bound {
             return Err(format!(
@@ -1113,6 +1115,26 @@ fn scripted_program_covers_every_rule() {
     for why in ["event dependency", "host observed", "internal dependency (verified)"] {
         assert!(used.contains(why), "{why} not reached: {used:?}");
     }
+}
+
+/// A program the property test found: a trim to 1 MiB of a pool that cached a 2 MiB + 1
+/// allocation (freed on another stream) keeps one 2 MiB granule — `minBytesToKeep` rounded
+/// up to the granularity — which the model had taken for a trim that released too little.
+#[test]
+fn trim_to_less_than_a_granule_keeps_one_granule() {
+    let _g = lock();
+    let case = Case {
+        streams: 1,
+        switches: [[false, false, false], [false, false, false]],
+        ops: vec![
+            Op::Alloc { pool: 1, stream: 0, bytes: (2 << 20) + 1 },
+            Op::Free { which: 0, stream: 2 },
+            Op::ScratchPool { bytes: 1, stream: 0 },
+            Op::Trim { pool: 1, mib: 1 },
+            Op::Trim { pool: 1, mib: 0 },
+        ],
+    };
+    run_case(&case).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A program the property test found (shrunk by hand), kept to show the strict model's view.
