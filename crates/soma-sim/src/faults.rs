@@ -125,7 +125,7 @@ impl Faults {
 
     /// Whether task `position` of `stream`, about to execute, must fail (consumes the fault).
     pub(crate) fn task_hit(&self, stream: u64, position: u64) -> bool {
-        if !self.tasks_armed.load(Ordering::Acquire) {
+        if !self.tasks_armed() {
             return false;
         }
         let mut t = self.tasks.lock();

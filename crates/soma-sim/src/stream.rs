@@ -252,7 +252,7 @@ impl SimStream {
     fn enqueue(&self, make: impl FnOnce(u64) -> TaskKind) -> DriverResult<u64> {
         let guard = self.tx.lock();
         let Some(tx) = guard.as_ref() else {
-            return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
+            return Err(self.destroyed());
         };
         let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
         let kind = make(pos);
@@ -272,7 +272,7 @@ impl SimStream {
     ) -> DriverResult<u64> {
         let guard = self.tx.lock();
         let Some(tx) = guard.as_ref() else {
-            return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
+            return Err(self.destroyed());
         };
         let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
         let stamp = self.shared.san.as_ref().map(|san| san.on_enqueue(self.shared.id, false));
@@ -294,6 +294,11 @@ impl SimStream {
         Ok(pos)
     }
 
+    /// The error of an enqueue on a destroyed stream.
+    fn destroyed(&self) -> DriverError {
+        DriverError::InvalidHandle(format!("stream {} is destroyed", self.id()))
+    }
+
     /// A record on a stream with nothing in flight (every enqueued task completed, the
     /// stream not failed): it completes at once, on the calling thread, as the worker would
     /// complete it first thing — without waking the worker. `None`: work is in flight, the
@@ -302,7 +307,7 @@ impl SimStream {
     fn record_idle(&self, ev: &crate::event::SimEvent) -> DriverResult<Option<u64>> {
         let guard = self.tx.lock();
         if guard.is_none() {
-            return Err(DriverError::InvalidHandle(format!("stream {} is destroyed", self.id())));
+            return Err(self.destroyed());
         }
         // `enqueued` only moves under the enqueue lock, which this thread holds; `completed`
         // reaching it means the worker has finished every task and the channel is empty, and
