@@ -359,6 +359,14 @@ fn virtual_memory_management() {
             AclError::ERROR_RT_PARAM_INVALID,
             "unmapped",
         );
+        // The physical memory kept its contents: mapped again, at another address of the
+        // reservation, it reads what was written before the unmap.
+        let moved = va.cast::<u8>().wrapping_add(2 * g).cast();
+        ok(aclrtMapMem(moved, 2 * g, 0, h, 0));
+        back = [0u8; 256];
+        ok(aclrtMemcpy(back.as_mut_ptr().cast(), 256, moved, 256, DEFAULT));
+        assert_eq!(back, data, "contents survive an unmap");
+        ok(aclrtUnmapMem(moved));
         ok(aclrtFreePhysical(h));
         fails(aclrtFreePhysical(h), AclError::ERROR_RT_INVALID_HANDLE, "twice");
         ok(aclrtReleaseMemAddress(va));

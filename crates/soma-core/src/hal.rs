@@ -162,8 +162,8 @@ impl KernelError {
 /// A buffer can be borrowed any number of times read-only (`read::<T>(i)`, `&[T]`)
 /// or once mutably (`write::<T>(i)`, `&mut [T]`, only buffers declared
 /// [`AccessMode::Write`]), not both. The backend rejects launches whose write buffers overlap
-/// any other buffer, so the slices handed out never alias. The contents of physical memory
-/// do not survive an unmap (the software NPU gives the pages back to the OS).
+/// any other buffer, so the slices handed out never alias. Physical memory keeps its contents
+/// while unmapped, as on a device: mapped again, at any address, it shows them.
 pub trait KernelBuffers {
     /// Number of buffers.
     fn len(&self) -> usize;
@@ -357,7 +357,8 @@ pub trait DeviceHal: Send + Sync + 'static {
     fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()>;
 
     /// Unmaps the mapping that starts at `va` (`aclrtUnmapMem`) and returns the handle that was
-    /// mapped there. Fails, leaving the mapping in place, if a task in flight uses the range.
+    /// mapped there; the physical memory keeps its contents until it is freed. Fails, leaving
+    /// the mapping in place, if a task in flight uses the range.
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle>;
 
     /// Allocates `size` bytes of device memory outside any pool (`aclrtMalloc`).

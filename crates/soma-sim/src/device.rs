@@ -90,9 +90,14 @@ enum ResKind {
     Malloc,
 }
 
+/// Physical memory from `alloc_physical`. It owns its bytes until it is freed, as on a device:
+/// unmapping keeps them in `parked`, and the next map, at any address, shows them again.
 struct Phys {
     size: u64,
     mapped_at: Option<u64>,
+    /// Whether device memory holds its bytes parked (unmapped after a mapping; never mapped,
+    /// it has none yet: all zero).
+    parked: bool,
 }
 
 #[derive(Default)]
@@ -168,12 +173,16 @@ impl DeviceCore {
 ///
 /// Get one from [`Npu::device`](crate::Npu::device). Device addresses are real host
 /// addresses inside one `mmap`ed region per device; mapped memory is real memory (resident
-/// once touched), and unmapping gives it back to the OS.
+/// once touched). Physical memory owns its bytes until `free_physical`, as on a device:
+/// `unmap` leaves its pages in place, inaccessible, and the next `map` shows them again, at
+/// any address (mapped elsewhere, or another mapping made over them, they are copied);
+/// `free_physical` and `free` give the memory back to the OS.
 ///
 /// # Semantics worth knowing
 ///
-/// * A physical allocation's contents do not survive [`unmap`](DeviceHal::unmap): the pages
-///   are returned to the OS and read as zero when mapped again.
+/// * A physical allocation keeps its contents across [`unmap`](DeviceHal::unmap) until
+///   [`free_physical`](DeviceHal::free_physical), as on a device (CANN and CUDA alike); memory
+///   never mapped reads as zero.
 /// * A handle can be mapped at one place at a time; a mapping covers the whole handle.
 /// * Device ranges touched by tasks and synchronous copies must lie inside mapped memory (they
 ///   may span adjacent mappings); otherwise [`DriverError::InvalidAddress`].
@@ -418,7 +427,7 @@ impl DeviceHal for SimDevice {
         }
         let h = st.next_handle;
         st.next_handle += 1;
-        st.physical.insert(h, Phys { size, mapped_at: None });
+        st.physical.insert(h, Phys { size, mapped_at: None, parked: false });
         st.physical_bytes += size;
         Ok(PhysicalHandle(h))
     }
@@ -434,9 +443,12 @@ impl DeviceHal for SimDevice {
                 handle.0
             ))),
             Some(p) => {
-                let size = p.size;
-                st.physical.remove(&handle.0);
+                let (size, parked) = (p.size, p.parked);
                 st.physical_bytes -= size;
+                if parked {
+                    self.core.memory.discard_parked(handle.0);
+                }
+                st.physical.remove(&handle.0);
                 Ok(())
             }
         }
@@ -474,11 +486,17 @@ impl DeviceHal for SimDevice {
         if st.mappings.range(..end).next_back().is_some_and(|(&ms, &(ml, _))| ms + ml > a) {
             return Err(bad_addr(a, size, "overlaps an existing mapping"));
         }
-        self.core.memory.map(a, size)?;
-        st.mappings.insert(a, (size, handle.0));
-        if let Some(p) = st.physical.get_mut(&handle.0) {
-            p.mapped_at = Some(a);
+        let Some(p) = st.physical.get_mut(&handle.0) else {
+            return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)));
+        };
+        if p.parked {
+            self.core.memory.map_parked(a, size, handle.0)?;
+        } else {
+            self.core.memory.map(a, size)?;
         }
+        p.parked = false;
+        p.mapped_at = Some(a);
+        st.mappings.insert(a, (size, handle.0));
         st.mapped_bytes += size;
         Ok(())
     }
@@ -492,10 +510,11 @@ impl DeviceHal for SimDevice {
         let Some(&(size, h)) = st.mappings.get(&a) else {
             return Err(bad_addr(a, 0, "not the start of a mapping"));
         };
-        self.core.memory.unmap(a, size)?;
+        self.core.memory.unmap_keep(a, size, h)?;
         st.mappings.remove(&a);
         if let Some(p) = st.physical.get_mut(&h) {
             p.mapped_at = None;
+            p.parked = true;
         }
         st.mapped_bytes -= size;
         Ok(PhysicalHandle(h))

@@ -6,7 +6,7 @@
 //!
 //! | NPU concept | software NPU |
 //! |---|---|
-//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory, unmapped ones are given back to the OS |
+//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory; physical memory keeps its bytes while unmapped (mapped again, at any address, it shows them) and goes back to the OS when freed; `malloc`'s memory goes back at `free` |
 //! | capacity | accounted per device (default 64 GiB); beyond it, [`OutOfMemory`](hal::DriverError::OutOfMemory) |
 //! | stream | a worker thread executing tasks strictly in enqueue order |
 //! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |

@@ -16,7 +16,7 @@
 //!    other thread holds a conflicting reference to their bytes.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
 
 use parking_lot::Mutex;
@@ -98,6 +98,10 @@ struct MemState {
     /// In-flight ranges.
     inflight: Vec<Held>,
     next_id: u64,
+    /// Bytes of unmapped physical memory, by its key.
+    parked: HashMap<u64, ParkedPages>,
+    /// The arena ranges holding parked bytes in place: start → (end, key).
+    in_place: BTreeMap<u64, (u64, u64)>,
 }
 
 impl MemState {
@@ -204,6 +208,151 @@ impl DeviceMemory {
     /// page aligned and not overlap a mapped range.
     pub fn map(&self, addr: u64, len: u64) -> DriverResult<()> {
         let mut st = self.state.lock();
+        self.check_mappable(&st, addr, len)?;
+        // Fresh memory reads as zero: parked bytes of unmapped physical memory there move aside.
+        self.evict_overlapping(&mut st, addr, len)?;
+        self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
+        st.mapped.insert(addr, addr + len);
+        Ok(())
+    }
+
+    /// Unmaps the mapped range that starts at `addr` and has length `len`, returning its pages
+    /// to the OS. Fails, changing nothing, if the range is in flight.
+    pub fn unmap(&self, addr: u64, len: u64) -> DriverResult<()> {
+        let mut st = self.state.lock();
+        self.check_unmappable(&st, addr, len)?;
+        self.protect(addr, len, libc::PROT_NONE)?;
+        st.mapped.remove(&addr);
+        self.drop_pages(addr, len);
+        Ok(())
+    }
+
+    /// Unmaps the mapped range that starts at `addr` and has length `len`, as
+    /// [`unmap`](Self::unmap), but keeps its bytes as physical memory `key`'s: this is
+    /// physical memory's life on a device, where unmapping removes the address and the memory
+    /// keeps its contents until it is freed. The pages stay where they are, inaccessible (no
+    /// copy: a pool unmaps to free, and [`discard_parked`](Self::discard_parked) then drops
+    /// them as `unmap` would have); they are copied aside only if a mapping is made over them
+    /// first. [`map_parked`](Self::map_parked) maps them again, at any address.
+    pub fn unmap_keep(&self, addr: u64, len: u64, key: u64) -> DriverResult<()> {
+        let mut st = self.state.lock();
+        self.check_unmappable(&st, addr, len)?;
+        if st.parked.contains_key(&key) {
+            return Err(DriverError::InvalidValue(format!("physical memory {key} is parked")));
+        }
+        self.protect(addr, len, libc::PROT_NONE)?;
+        st.mapped.remove(&addr);
+        st.in_place.insert(addr, (addr + len, key));
+        st.parked.insert(key, ParkedPages::InPlace { addr, len });
+        Ok(())
+    }
+
+    /// Maps the bytes of physical memory `key` (parked by [`unmap_keep`](Self::unmap_keep)) at
+    /// `[addr, addr + len)`: inside the arena, page aligned, not overlapping a mapped range,
+    /// and `len` the parked length. On an error the bytes stay parked.
+    pub fn map_parked(&self, addr: u64, len: u64, key: u64) -> DriverResult<()> {
+        let mut st = self.state.lock();
+        self.check_mappable(&st, addr, len)?;
+        let same_place = match st.parked.get(&key) {
+            Some(p) if p.len() == len => *p == ParkedPages::InPlace { addr, len },
+            Some(p) => {
+                return Err(DriverError::InvalidValue(format!(
+                    "physical memory {key} holds {} bytes, not {len}",
+                    p.len()
+                )))
+            }
+            None => {
+                return Err(DriverError::InvalidValue(format!(
+                    "physical memory {key} is not parked"
+                )))
+            }
+        };
+        if same_place {
+            // Back where it was: the pages never moved.
+            self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
+            st.in_place.remove(&addr);
+        } else {
+            // Aside first (its own old place may overlap the target), then clear the target.
+            self.evict(&mut st, key)?;
+            self.evict_overlapping(&mut st, addr, len)?;
+            self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
+            if let Some(ParkedPages::Aside(region)) = st.parked.get(&key) {
+                // SAFETY: the target is `len` bytes of our arena, just made accessible and not
+                // mapped before (checked), so nothing refers to it; the region holds `len`
+                // bytes outside the arena that only this table refers to.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(region.ptr.as_ptr(), self.ptr(addr), region.len)
+                };
+            }
+        }
+        st.parked.remove(&key);
+        st.mapped.insert(addr, addr + len);
+        Ok(())
+    }
+
+    /// Drops the parked bytes of physical memory `key` (it is freed): their pages go back to
+    /// the OS. Nothing to do for memory that was never parked.
+    pub fn discard_parked(&self, key: u64) {
+        let mut st = self.state.lock();
+        match st.parked.remove(&key) {
+            Some(ParkedPages::InPlace { addr, len }) => {
+                st.in_place.remove(&addr);
+                self.drop_pages(addr, len);
+            }
+            Some(ParkedPages::Aside(region)) => {
+                // Unmapped outside the lock.
+                drop(st);
+                drop(region);
+            }
+            None => {}
+        }
+    }
+
+    /// Copies the parked bytes of `key`, if they are in place, to a region outside the arena
+    /// and drops them from the arena.
+    fn evict(&self, st: &mut MemState, key: u64) -> DriverResult<()> {
+        let Some(&ParkedPages::InPlace { addr, len }) = st.parked.get(&key) else {
+            return Ok(());
+        };
+        let region = Region::new(len as usize)?;
+        self.protect(addr, len, libc::PROT_READ)?;
+        // SAFETY: `[addr, addr + len)` is an unmapped range of our arena holding parked pages,
+        // just made readable, that nothing refers to; the region is fresh, `len` bytes long
+        // and outside the arena.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr), region.ptr.as_ptr(), len as usize) };
+        self.protect(addr, len, libc::PROT_NONE)?;
+        self.drop_pages(addr, len);
+        st.in_place.remove(&addr);
+        st.parked.insert(key, ParkedPages::Aside(region));
+        Ok(())
+    }
+
+    /// Moves aside the parked bytes of every range that overlaps `[addr, addr + len)`, before
+    /// a mapping is made there.
+    fn evict_overlapping(&self, st: &mut MemState, addr: u64, len: u64) -> DriverResult<()> {
+        let end = addr + len;
+        while let Some(key) = st
+            .in_place
+            .range(..end)
+            .next_back()
+            .filter(|(_, &(e, _))| e > addr)
+            .map(|(_, &(_, key))| key)
+        {
+            self.evict(st, key)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the pages of an inaccessible range of the arena back to the OS (best effort: if
+    /// madvise fails they only stay resident).
+    fn drop_pages(&self, addr: u64, len: u64) {
+        // SAFETY: the caller holds the lock and the range is not mapped, so nothing refers to
+        // it; MADV_DONTNEED on a private anonymous mapping only drops its pages (they read as
+        // zero when mapped again).
+        let _ = unsafe { libc::madvise(self.ptr(addr).cast(), len as usize, libc::MADV_DONTNEED) };
+    }
+
+    fn check_mappable(&self, st: &MemState, addr: u64, len: u64) -> DriverResult<()> {
         if len == 0 || !self.in_arena(addr, len) {
             return Err(DriverError::InvalidAddress {
                 addr,
@@ -219,22 +368,10 @@ impl DeviceMemory {
                 reason: "range is already mapped".into(),
             });
         }
-        // SAFETY: the range is inside our own PROT_NONE arena (checked above) and not mapped,
-        // so no slice or Access refers to it; making it accessible cannot invalidate anything.
-        let rc = unsafe {
-            libc::mprotect(self.ptr(addr).cast(), len as usize, libc::PROT_READ | libc::PROT_WRITE)
-        };
-        if rc != 0 {
-            return Err(os_error("mprotect(READ|WRITE)"));
-        }
-        st.mapped.insert(addr, end);
         Ok(())
     }
 
-    /// Unmaps the mapped range that starts at `addr` and has length `len`, returning its pages
-    /// to the OS. Fails, changing nothing, if the range is in flight.
-    pub fn unmap(&self, addr: u64, len: u64) -> DriverResult<()> {
-        let mut st = self.state.lock();
+    fn check_unmappable(&self, st: &MemState, addr: u64, len: u64) -> DriverResult<()> {
         let end = addr.saturating_add(len);
         if st.mapped.get(&addr) != Some(&end) {
             return Err(DriverError::InvalidAddress {
@@ -250,19 +387,19 @@ impl DeviceMemory {
                 h.owner, h.range.addr, h.range.len
             )));
         }
-        // SAFETY: the range is a mapping of our arena with no in-flight Access (checked under
-        // the lock we hold), so no reference to its bytes exists; PROT_NONE cannot invalidate
-        // live references.
-        let rc = unsafe { libc::mprotect(self.ptr(addr).cast(), len as usize, libc::PROT_NONE) };
+        Ok(())
+    }
+
+    /// Sets the protection of a range of the arena that no slice or [`Access`] refers to (the
+    /// caller holds the state lock and checked: a mapping with nothing in flight, a range not
+    /// mapped, or parked pages).
+    fn protect(&self, addr: u64, len: u64, prot: libc::c_int) -> DriverResult<()> {
+        // SAFETY: per the caller's check, no reference to the range's bytes exists, so
+        // changing its protection cannot invalidate one; the range is inside our arena.
+        let rc = unsafe { libc::mprotect(self.ptr(addr).cast(), len as usize, prot) };
         if rc != 0 {
-            return Err(os_error("mprotect(NONE)"));
+            return Err(os_error("mprotect"));
         }
-        st.mapped.remove(&addr);
-        // Best effort: if madvise fails the range is still inaccessible and unmapped, only its
-        // pages stay resident, so the call as a whole succeeded.
-        // SAFETY: as above, nothing refers to the range; MADV_DONTNEED on a private anonymous
-        // mapping only drops its pages (they read as zero when mapped again).
-        let _ = unsafe { libc::madvise(self.ptr(addr).cast(), len as usize, libc::MADV_DONTNEED) };
         Ok(())
     }
 
@@ -337,6 +474,70 @@ impl Drop for DeviceMemory {
         // exists, so nothing refers to the region any more.
         unsafe {
             libc::munmap(self.map_base.as_ptr().cast(), self.map_len);
+        }
+    }
+}
+
+/// Where the bytes of unmapped physical memory are.
+#[derive(PartialEq, Eq)]
+enum ParkedPages {
+    /// Still at the range of the arena it was unmapped from, inaccessible.
+    InPlace { addr: u64, len: u64 },
+    /// Copied aside because another mapping was made over that range.
+    Aside(Region),
+}
+
+impl ParkedPages {
+    fn len(&self) -> u64 {
+        match self {
+            ParkedPages::InPlace { len, .. } => *len,
+            ParkedPages::Aside(r) => r.len as u64,
+        }
+    }
+}
+
+/// A private anonymous mapping outside the arena that only this value refers to, unmapped
+/// when it is dropped.
+#[derive(PartialEq, Eq)]
+struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the pointer is the base of a mapping owned by this value alone, whose bytes are
+// only touched under the device memory's lock, so moving the value between threads is sound.
+unsafe impl Send for Region {}
+// SAFETY: `&Region` gives no access to the bytes.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A fresh, zeroed, readable and writable region of `len` bytes.
+    fn new(len: usize) -> DriverResult<Region> {
+        // SAFETY: an anonymous private mapping at an address the kernel chooses aliases no
+        // existing Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_error("mmap of parked physical memory"));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| os_error("mmap returned null"))?;
+        Ok(Region { ptr, len })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping and nothing refers to its bytes.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
     }
 }
@@ -583,6 +784,66 @@ mod tests {
         m.map(a, G).unwrap();
         let acc = m.acquire(Owner::Host("t"), &[r(a, 16, AccessMode::Read)], true).unwrap();
         assert_eq!(KernelBuffers::bytes(&acc, 0).unwrap(), &[0u8; 16], "fresh pages are zero");
+    }
+
+    /// Unmapping with `unmap_keep` keeps the bytes, wherever they are mapped again, also after
+    /// another mapping was made over their old place; discarding them frees them; a refused
+    /// unmap or map changes nothing.
+    #[test]
+    fn parked_pages_keep_their_bytes() {
+        let m = DeviceMemory::new(8 * G, G).unwrap();
+        let a = m.start();
+        let fill = |at: u64, v: u8| {
+            let mut acc =
+                m.acquire(Owner::Host("t"), &[r(at, G, AccessMode::Write)], true).unwrap();
+            acc.fill(at, v, G).unwrap();
+        };
+        let read = |at: u64| {
+            let acc = m.acquire(Owner::Host("t"), &[r(at, G, AccessMode::Read)], true).unwrap();
+            let b = KernelBuffers::bytes(&acc, 0).unwrap();
+            (b[0], b[G as usize - 1], b.iter().all(|&x| x == b[0]))
+        };
+        m.map(a, G).unwrap();
+        fill(a, 0xAB);
+        {
+            let _busy = m.acquire(Owner::Host("t"), &[r(a, 1, AccessMode::Read)], true).unwrap();
+            assert!(m.unmap_keep(a, G, 1).is_err(), "in-flight range must not be unmapped");
+        }
+        assert!(m.unmap_keep(a, 2 * G, 1).is_err(), "not a mapping of that size");
+        m.unmap_keep(a, G, 1).unwrap();
+        assert!(m.check_mapped(&[r(a, 1, AccessMode::Read)]).is_err(), "unmapped");
+        // Back in place: nothing moved.
+        assert!(m.map_parked(a, 2 * G, 1).is_err(), "wrong length");
+        assert!(m.map_parked(a, G, 2).is_err(), "nothing parked under that key");
+        m.map_parked(a, G, 1).unwrap();
+        assert_eq!(read(a), (0xAB, 0xAB, true));
+        // Elsewhere: copied.
+        m.unmap_keep(a, G, 1).unwrap();
+        m.map(a + 3 * G, G).unwrap();
+        assert!(m.map_parked(a + 3 * G, G, 1).is_err(), "target already mapped");
+        m.map_parked(a + 2 * G, G, 1).unwrap();
+        assert_eq!(read(a + 2 * G), (0xAB, 0xAB, true));
+        // A fresh mapping over parked bytes reads zero, and the parked bytes survive it.
+        fill(a + 2 * G, 0x5C);
+        m.unmap_keep(a + 2 * G, G, 1).unwrap();
+        m.map(a + 2 * G, G).unwrap();
+        assert_eq!(read(a + 2 * G), (0, 0, true));
+        m.map_parked(a, G, 1).unwrap();
+        assert_eq!(read(a), (0x5C, 0x5C, true));
+        // Discarded bytes are gone: the range reads zero when mapped again.
+        m.unmap_keep(a, G, 1).unwrap();
+        m.discard_parked(1);
+        assert!(m.map_parked(a, G, 1).is_err(), "discarded");
+        m.map(a, G).unwrap();
+        assert_eq!(read(a), (0, 0, true));
+        // A parked range overlapped by a larger mapping is moved aside too.
+        m.unmap(a + 2 * G, G).unwrap();
+        fill(a, 0x11);
+        m.unmap_keep(a, G, 7).unwrap();
+        m.map(a, 3 * G).unwrap();
+        assert_eq!(read(a), (0, 0, true));
+        m.map_parked(a + 5 * G, G, 7).unwrap();
+        assert_eq!(read(a + 5 * G), (0x11, 0x11, true));
     }
 
     #[test]

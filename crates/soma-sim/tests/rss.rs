@@ -1,5 +1,5 @@
-//! Unmapped device memory goes back to the OS. (Own test binary: it reads the resident set of
-//! the whole process.)
+//! Freed device memory goes back to the OS; unmapped physical memory stays with its handle.
+//! (Own test binary: it reads the resident set of the whole process.)
 
 use soma_sim::hal::DeviceHal;
 use soma_sim::Npu;
@@ -24,9 +24,13 @@ fn rss_follows_map_and_unmap() {
     dev.memset_sync(va, 0x5A, size).unwrap(); // touch every page
     let touched = rss_bytes();
     assert!(touched >= base + 60 * MIB, "base {base}, touched {touched}");
+    // Unmapped, the physical memory keeps its bytes (it is mapped again below): still resident.
     dev.unmap(va).unwrap();
+    let unmapped = rss_bytes();
+    assert!(unmapped >= base + 60 * MIB, "base {base}, touched {touched}, unmapped {unmapped}");
+    dev.free_physical(h).unwrap();
     let after = rss_bytes();
-    assert!(after < base + 8 * MIB, "base {base}, touched {touched}, after unmap {after}");
+    assert!(after < base + 8 * MIB, "base {base}, touched {touched}, after free {after}");
 
     // The same through malloc / free.
     let p = dev.malloc(size).unwrap();
@@ -35,6 +39,5 @@ fn rss_follows_map_and_unmap() {
     dev.free(p).unwrap();
     assert!(rss_bytes() < base + 8 * MIB);
 
-    dev.free_physical(h).unwrap();
     dev.release(va).unwrap();
 }

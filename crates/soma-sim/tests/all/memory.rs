@@ -96,10 +96,17 @@ fn reserve_map_unmap_release() {
     assert!(dev.release(va.checked_add(G).unwrap()).is_err(), "not a reservation base");
     assert!(dev.reserve(G + 1).is_err() && dev.reserve(0).is_err());
     assert!(dev.alloc_physical(G / 2).is_err());
-    // Unmap returns the handle; the contents do not survive.
+    // Unmap returns the handle; the physical memory keeps its contents, wherever it is
+    // mapped again (as on a device: only `free_physical` gives the memory up).
     assert_eq!(dev.unmap(va).unwrap(), h1);
     assert!(is_invalid_address(&dev.memset_sync(va, 1, 1).unwrap_err()));
-    dev.map(va.checked_add(2 * G).unwrap(), h1).unwrap();
+    let va3 = va.checked_add(2 * G).unwrap();
+    dev.map(va3, h1).unwrap();
+    assert_eq!(read(&dev, va3.checked_add(G - 8).unwrap(), 8), vec![5; 8]);
+    // The address h1 left reads as fresh memory under another handle.
+    dev.map(va, h3).unwrap();
+    assert_eq!(read(&dev, va.checked_add(G - 8).unwrap(), 8), vec![0; 8]);
+    assert_eq!(dev.unmap(va).unwrap(), h3);
     assert_eq!(dev.unmap(va2).unwrap(), h2);
     assert_eq!(dev.unmap(va.checked_add(2 * G).unwrap()).unwrap(), h1);
     for h in [h1, h2, h3] {
