@@ -44,9 +44,14 @@ typedef void *aclrtContext;
 
 /* Error codes. */
 static const int ACL_SUCCESS = 0;
+/* Outside the subset, declared as CANN's own header does: older CANN samples test against
+ * ACL_ERROR_NONE, and aclInit answers a repeated call with ACL_ERROR_REPEAT_INITIALIZE there
+ * (this runtime accepts it, see docs/c-api.md). */
+#define ACL_ERROR_NONE 0
 
 static const int ACL_ERROR_INVALID_PARAM = 100000;
 static const int ACL_ERROR_UNINITIALIZE = 100001;
+static const int ACL_ERROR_REPEAT_INITIALIZE = 100002;
 
 static const int ACL_ERROR_BAD_ALLOC = 200000;
 static const int ACL_ERROR_INVALID_RESOURCE_HANDLE = 200005;
