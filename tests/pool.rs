@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{device_of, npu, npu_with_capacity, Gate};
+use common::{device_of, npu, npu_with_capacity, wait_device_only, Gate};
 use soma::{attr, Error, KernelArg, MemPool, ReusePolicy};
 use soma_tools::baselines::SomaApi;
 use soma_tools::workload::{random_allocations, replay, SEED};
@@ -170,6 +170,68 @@ fn out_of_memory_waits_for_pending_frees_of_other_streams() {
     assert_eq!(pool.stats().oom_retries, 1);
     opener.join().unwrap();
     drop(b);
+}
+
+/// Releasing under pressure goes on to every fully free, completed segment when the first,
+/// partial release leaves no hole that fits: the pool must not wait for a stream whose frees
+/// are already complete.
+#[test]
+fn out_of_memory_releases_every_free_segment_before_waiting() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder()
+        .max_size(8 * MIB)
+        .segments_per_growth(1)
+        .recycle_on_growth(false)
+        .reuse(ReusePolicy::NONE)
+        .build(&dev)
+        .unwrap();
+    let two = 2 * MIB as usize;
+    let a = pool.alloc_async::<u8>(two, &s1).unwrap(); // [0, 2) MiB
+    let b = pool.alloc_async::<u8>(two, &s1).unwrap(); // [2, 4)
+    let live = pool.alloc_async::<u8>(two, &s1).unwrap(); // [4, 6), stays
+    let c = pool.alloc_async::<u8>(two, &s1).unwrap(); // [6, 8)
+    drop((a, b, c));
+    wait_device_only(&s1); // the three frees are complete; the host has not observed them
+                           // Later work on s1 that a wait for s1 would block on (the gate opens itself after 30 s, so
+                           // a regression fails below instead of hanging).
+    let gate = Gate::close(&s1);
+    // Releasing the highest 4 MiB first gives [6, 8) and [2, 4): no 4 MiB hole. Releasing
+    // [0, 2) too gives [0, 4).
+    let big = pool.alloc_async::<u8>(4 * MIB as usize, &s2).unwrap();
+    let st = pool.stats();
+    assert_eq!(st.oom_retries, 0, "waited for s1 although its frees were complete");
+    assert_eq!(live.device_ptr().offset_from(big.device_ptr()), Some(4 * MIB), "[0, 4) MiB");
+    gate.open();
+    drop((big, live));
+}
+
+/// `owns` answers with and without the address index of `raw_pointers`.
+#[test]
+fn owns_finds_live_blocks_with_or_without_the_address_index() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    for indexed in [false, true] {
+        let pool = MemPool::builder().max_size(64 * MIB).raw_pointers(indexed).build(&dev).unwrap();
+        let blocks: Vec<_> =
+            (1..=40).map(|i| pool.alloc_async::<u8>(i * 1000, &s).unwrap()).collect();
+        for (i, b) in blocks.iter().enumerate() {
+            let rounded = ((i as u64 + 1) * 1000).next_multiple_of(512);
+            assert_eq!(pool.owns(b.device_ptr()), Some(rounded), "indexed {indexed}, block {i}");
+            let inside = b.device_ptr().checked_add(512).unwrap();
+            assert_eq!(pool.owns(inside), None, "an interior pointer is not a block start");
+        }
+        let (kept, freed): (Vec<_>, Vec<_>) =
+            blocks.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        let freed_ptrs: Vec<_> = freed.iter().map(|(_, b)| b.device_ptr()).collect();
+        drop(freed);
+        for p in freed_ptrs {
+            assert_eq!(pool.owns(p), None, "indexed {indexed}: a freed block is not owned");
+        }
+        assert!(kept.iter().all(|(_, b)| pool.owns(b.device_ptr()).is_some()));
+    }
 }
 
 #[test]

@@ -895,22 +895,26 @@ impl Engine {
             Ok(a) => return Ok(a),
             Err(growth::GrowError::Backing(msg)) => return Err(AllocError::Backing(msg)),
             Err(growth::GrowError::NoRoom) => {
-                // Release what can be released anywhere, then retry once.
-                let keep = self.stats.reserved.saturating_sub(size);
-                if let Ok(released) = self.release(keep, order, backing) {
-                    if released > 0 {
-                        if self.dependency_first && order.internal_dependencies() {
-                            if let Some(a) = self.take_internal_dependency(size, align, stream) {
-                                return Ok(a);
-                            }
+                // Release what can be released anywhere and retry: first as much as the
+                // request needs (highest addresses first, the fewest unmaps); if the holes
+                // that opened are not one that fits, every fully free, completed segment.
+                for keep in [self.stats.reserved.saturating_sub(size), 0] {
+                    match self.release(keep, order, backing) {
+                        Ok(0) => continue,
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                    if self.dependency_first && order.internal_dependencies() {
+                        if let Some(a) = self.take_internal_dependency(size, align, stream) {
+                            return Ok(a);
                         }
-                        match self.grow(size, align, stream, order, backing) {
-                            Ok(a) => return Ok(a),
-                            Err(growth::GrowError::Backing(msg)) => {
-                                return Err(AllocError::Backing(msg))
-                            }
-                            Err(growth::GrowError::NoRoom) => {}
+                    }
+                    match self.grow(size, align, stream, order, backing) {
+                        Ok(a) => return Ok(a),
+                        Err(growth::GrowError::Backing(msg)) => {
+                            return Err(AllocError::Backing(msg))
                         }
+                        Err(growth::GrowError::NoRoom) => {}
                     }
                 }
             }
@@ -1129,6 +1133,27 @@ impl Engine {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Live);
         Some((BlockId::new(idx, b.generation), b.size))
+    }
+
+    /// The size of the live block that starts exactly at `offset`: through the offset index
+    /// when the engine keeps one, else by a walk in address order.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) with `index_by_offset`, else O(blocks before `offset`).
+    pub fn live_size_at(&self, offset: u64) -> Option<u64> {
+        if self.live_index.is_some() {
+            return self.lookup(offset).map(|(_, size)| size);
+        }
+        let mut cur = self.first;
+        while cur != NIL {
+            let b = &self.slab.blocks[cur as usize];
+            if b.offset >= offset {
+                return (b.offset == offset && b.kind == Kind::Live).then_some(b.size);
+            }
+            cur = b.next;
+        }
+        None
     }
 
     /// What `block` currently is, while its record still describes it: a live block, or — after

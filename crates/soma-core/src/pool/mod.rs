@@ -1816,8 +1816,14 @@ impl<'d> MemPool<'d> {
     }
 
     /// Whether `ptr` is the start of a live block of this pool, and its rounded size.
+    ///
+    /// O(1) in a pool built with [`MemPoolBuilder::raw_pointers`] (its address index), else a
+    /// walk over the blocks below `ptr`: a diagnostic, not for a hot path.
     pub fn owns(&self, ptr: DevicePtr) -> Option<u64> {
-        self.lookup(ptr).map(|(_, _, size)| size)
+        self.cores().find_map(|core| {
+            let offset = ptr.offset_from(core.base).filter(|&o| o < core.max_size)?;
+            core.lock().engine.live_size_at(offset)
+        })
     }
 
     /// The shard, block and rounded size of the live block that starts at `ptr`.
