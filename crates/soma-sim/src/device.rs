@@ -417,10 +417,12 @@ impl DeviceHal for SimDevice {
         self.check_vmm()?;
         bump(&self.core.calls.alloc_physical);
         sleep(self.core.latency().driver_alloc);
-        self.check_granular(size)?;
+        // Every call counts towards a fault rule, as in `stats().calls` (and as `map` does):
+        // the rule comes before the argument checks.
         if self.core.faults.hit(FaultKind::AllocPhysical) {
             return Err(DriverError::Injected(format!("alloc_physical({size})")));
         }
+        self.check_granular(size)?;
         let mut st = self.core.state.lock();
         if st.used().checked_add(size).is_none_or(|u| u > self.core.info.total_memory) {
             return Err(self.oom(&st, size));
@@ -523,10 +525,10 @@ impl DeviceHal for SimDevice {
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {
         bump(&self.core.calls.malloc);
         sleep(self.core.latency().driver_alloc);
-        let len = self.granule_round(size)?;
         if self.core.faults.hit(FaultKind::Malloc) {
             return Err(DriverError::Injected(format!("malloc({size})")));
         }
+        let len = self.granule_round(size)?;
         let mut st = self.core.state.lock();
         if st.used().checked_add(len).is_none_or(|u| u > self.core.info.total_memory) {
             return Err(self.oom(&st, len));

@@ -47,8 +47,9 @@ enum TaskFault {
 /// behind (no capacity accounted, nothing mapped). A task that fails by injection fails its
 /// stream like any failing task ([`DriverError::TaskFailed`] with an "injected fault" message).
 ///
-/// Calls are counted from the moment a rule is set; setting a rule replaces the previous rule
-/// of the same kind.
+/// Calls are counted from the moment a rule is set, every call of the kind — one with bad
+/// arguments too, as in [`SimStats::calls`](crate::SimStats) (the rule is consulted before the
+/// arguments are checked); setting a rule replaces the previous rule of the same kind.
 ///
 /// [`DriverError::Injected`]: soma_core::hal::DriverError::Injected
 /// [`DriverError::TaskFailed`]: soma_core::hal::DriverError::TaskFailed

@@ -22,6 +22,32 @@ fn injected_alloc_physical_leaves_no_state() {
     assert_eq!(dev.stats().calls.alloc_physical, 3);
 }
 
+/// Every call counts towards the k of a rule, one with bad arguments too, for every kind.
+#[test]
+fn calls_with_bad_arguments_count_towards_a_rule() {
+    let dev = device(64 * MIB);
+    let va = dev.reserve(2 * G).unwrap();
+    dev.faults().fail_nth(FaultKind::AllocPhysical, 2);
+    assert!(matches!(dev.alloc_physical(G + 1), Err(DriverError::InvalidValue(_))));
+    assert!(matches!(dev.alloc_physical(G), Err(DriverError::Injected(_))));
+    dev.faults().fail_nth(FaultKind::Malloc, 2);
+    assert!(dev.malloc(0).is_err());
+    assert!(matches!(dev.malloc(G), Err(DriverError::Injected(_))));
+    let h = dev.alloc_physical(G).unwrap();
+    dev.faults().fail_nth(FaultKind::Map, 2);
+    assert!(matches!(
+        dev.map(va, soma_sim::hal::PhysicalHandle(999)),
+        Err(DriverError::InvalidHandle(_))
+    ));
+    assert!(matches!(dev.map(va, h), Err(DriverError::Injected(_))));
+    dev.map(va, h).unwrap();
+    dev.unmap(va).unwrap();
+    dev.free_physical(h).unwrap();
+    dev.release(va).unwrap();
+    let calls = dev.stats().calls;
+    assert_eq!((calls.alloc_physical, calls.malloc, calls.map), (3, 2, 3));
+}
+
 #[test]
 fn injected_map_leaves_nothing_mapped() {
     let dev = device(64 * MIB);
