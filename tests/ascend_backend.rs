@@ -22,6 +22,14 @@ fn capi_library() -> PathBuf {
     panic!("libascendcl.so (soma-capi) not found next to {}", exe.display());
 }
 
+/// The tests of this binary share one runtime (the library's process-wide state), whose
+/// stream limit counts every test's streams: they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn device() -> Device {
     let path = capi_library();
     // SAFETY: the library is our own soma-capi, an AscendCL implementation over the software
@@ -33,6 +41,7 @@ fn device() -> Device {
 
 #[test]
 fn the_engine_runs_on_the_ascend_backend() {
+    let _serial = serial();
     let dev = device();
     assert!(dev.info().supports_vmm, "soma-capi serves the VMM calls");
     let s1 = dev.create_stream().unwrap();
@@ -72,6 +81,7 @@ fn the_engine_runs_on_the_ascend_backend() {
 
 #[test]
 fn native_pools_delegate_to_aclrt_mem_pool() {
+    let _serial = serial();
     let dev = device();
     assert!(dev.info().supports_native_pool, "soma-capi reports an Atlas A2 by default");
     let s = dev.create_stream().unwrap();
@@ -102,4 +112,64 @@ fn native_pools_delegate_to_aclrt_mem_pool() {
         "threshold 0 applied at synchronize"
     );
     assert!(matches!(pool.compact::<u8>(&s, &mut []), Err(Error::Driver(_))));
+
+    // The whole policy reaches the driver's pool, as each switch does.
+    pool.set_reuse_policy(ReusePolicy::NONE);
+    assert!(!pool.get::<attr::ReuseFollowEventDependencies>().unwrap());
+    pool.set_reuse_policy(ReusePolicy::new(false, true, true));
+    assert!(!pool.get::<attr::ReuseFollowEventDependencies>().unwrap());
+    assert!(pool.get::<attr::ReuseAllowOpportunistic>().unwrap());
+    assert!(pool.get::<attr::ReuseAllowInternalDependencies>().unwrap());
+}
+
+/// A synchronize that reports an error a `Drop` left behind still drains first: soma-core
+/// marks the stream's frees complete after it, so returning early would let another stream
+/// reuse a block that queued work still writes.
+#[test]
+fn synchronize_drains_before_reporting_a_deferred_error() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial();
+    let dev = device();
+    let s1 = dev.create_stream().unwrap();
+    for sync in ["stream", "event", "device"] {
+        // A native pool dropped with a live allocation: its error is deferred to the next
+        // fallible call of the device.
+        let native = MemPool::builder().max_size(8 << 20).native().build(&dev).unwrap();
+        let _leaked = native.alloc_raw(4096, &s1).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&done);
+        s1.host_fn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+        let event = s1.record_event().unwrap();
+        drop(native);
+        let result = match sync {
+            "stream" => s1.synchronize(),
+            "event" => event.synchronize(),
+            _ => dev.synchronize(),
+        };
+        assert!(result.is_err(), "{sync}: the deferred error is reported");
+        assert!(done.load(Ordering::SeqCst), "{sync} synchronize returned before the wait");
+    }
+}
+
+/// The stream limit is reported as such on the ascend backend too (the runtime's own limit
+/// answers `ACL_ERROR_BAD_ALLOC`, which reads as a device out of memory).
+#[test]
+fn too_many_streams_is_reported_as_such() {
+    let _serial = serial();
+    let dev = device();
+    let mut streams = Vec::new();
+    let error = loop {
+        match dev.create_stream() {
+            Ok(s) => streams.push(s),
+            Err(e) => break e,
+        }
+        assert!(streams.len() <= 4096, "no stream limit");
+    };
+    assert!(matches!(error, Error::TooManyStreams { .. }), "{error:?}");
+    drop(streams);
+    dev.create_stream().expect("streams are available again");
 }

@@ -116,6 +116,16 @@ impl DeviceShared {
         }
     }
 
+    /// [`Error::TooManyStreams`] when every stream slot is taken (checked before the backend
+    /// creates a stream, whose own limit would report something less clear).
+    pub(crate) fn check_stream_room(&self) -> Result<()> {
+        let alloc = self.allocator.lock();
+        if alloc.free.is_empty() && alloc.next_unused as usize >= MAX_STREAMS {
+            return Err(Error::TooManyStreams { max: MAX_STREAMS });
+        }
+        Ok(())
+    }
+
     pub(crate) fn attach_stream(&self, hal: Arc<dyn StreamHal>) -> Result<(StreamSlot, u64)> {
         let mut alloc = self.allocator.lock();
         let slot = match alloc.free.pop() {

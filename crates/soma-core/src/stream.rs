@@ -30,6 +30,7 @@ pub struct Stream<'d> {
 
 impl<'d> Stream<'d> {
     pub(crate) fn new(device: &'d Device) -> Result<Self> {
+        device.shared.check_stream_room()?;
         let hal: Arc<dyn StreamHal> = Arc::from(device.shared.hal.create_stream()?);
         let (slot, base) = device.shared.attach_stream(Arc::clone(&hal))?;
         Ok(Stream { device, hal, slot, base, clock: Mutex::new(VectorClock::new()) })

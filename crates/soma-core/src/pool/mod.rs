@@ -1708,8 +1708,22 @@ impl<'d> MemPool<'d> {
         self.core.reuse_policy()
     }
 
-    /// Replaces the reuse rules (affects later allocations).
+    /// Replaces the reuse rules (affects later allocations). A native pool forwards them to
+    /// the driver's pool; a failure there is reported at the pool's next fallible call.
     pub fn set_reuse_policy(&self, policy: ReusePolicy) {
+        if let Some(native) = &self.core.native {
+            let switches = [
+                (attr::ReuseFollowEventDependencies::ID, FOLLOW_EVENT_DEPENDENCIES),
+                (attr::ReuseAllowOpportunistic::ID, OPPORTUNISTIC),
+                (attr::ReuseAllowInternalDependencies::ID, INTERNAL_DEPENDENCIES),
+            ];
+            for (id, bit) in switches {
+                if let Err(e) = native.set_attr(id, u64::from(policy.bits() & bit != 0)) {
+                    self.core.set_sticky(e.into());
+                    return;
+                }
+            }
+        }
         self.core.settings.reuse.store(policy.bits(), Ordering::Relaxed);
     }
 

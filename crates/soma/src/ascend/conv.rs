@@ -59,6 +59,21 @@ pub(crate) fn map_call_err(e: CallError) -> DriverError {
     map_alloc_err(e, 0, || 0)
 }
 
+/// The [`DriverError`] of a failed `aclrtCreateStream` / `aclrtCreateEvent`: the runtime's
+/// out-of-resource codes (`ACL_ERROR_BAD_ALLOC`, `ACL_ERROR_RT_MEMORY_ALLOCATION`) mean it has
+/// no stream or event left, not that device memory ran out → [`DriverError::Native`] saying
+/// so; other codes as [`map_call_err`].
+pub(crate) fn map_create_err(e: CallError, what: &str) -> DriverError {
+    match e {
+        CallError::Acl { call, code, message }
+            if matches!(code, AclError::ERROR_BAD_ALLOC | AclError::ERROR_RT_MEMORY_ALLOCATION) =>
+        {
+            map_native_err(code, format!("{call}: the runtime has no {what} left: {message}"))
+        }
+        e => map_call_err(e),
+    }
+}
+
 /// The [`DriverError`] of a failed call that allocates `requested` bytes; `free` reports the
 /// device's free memory for [`DriverError::OutOfMemory`].
 pub(crate) fn map_alloc_err(

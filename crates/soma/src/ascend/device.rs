@@ -733,7 +733,6 @@ impl DeviceHal for AscendDevice {
 
     fn synchronize(&self) -> DriverResult<()> {
         let d = &self.inner;
-        d.check_err()?;
         d.enter()?;
         let streams: Vec<(Arc<StreamShared>, u64)> = {
             let mut v = lock(&d.streams);
@@ -747,7 +746,9 @@ impl DeviceHal for AscendDevice {
                 .collect()
         };
         raw::device::synchronize(&d.acl).map_err(map_call_err)?;
-        let mut first = None;
+        // A deferred error is reported only after the drain, which callers count on even
+        // when the call fails (the HAL's contract).
+        let mut first = d.check_err().err();
         for (s, n) in streams {
             s.mark_completed(n);
             if let Err(e) = s.sticky() {

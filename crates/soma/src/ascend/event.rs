@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use ascend_sys::aclrtEventRecordedStatus;
 use soma_core::hal::{DriverError, DriverResult, EventHal};
 
-use super::conv::map_call_err;
+use super::conv::{map_call_err, map_create_err};
 use super::device::{lock, DeviceInner};
 use super::raw;
 use super::stream::{Handle, StreamShared};
@@ -40,7 +40,7 @@ impl std::fmt::Debug for AscendEvent {
 impl AscendEvent {
     /// `aclrtCreateEvent`; the device is current.
     pub(crate) fn new(dev: &Arc<DeviceInner>) -> DriverResult<Self> {
-        let raw = raw::event::create(&dev.acl).map_err(map_call_err)?;
+        let raw = raw::event::create(&dev.acl).map_err(|e| map_create_err(e, "event"))?;
         Ok(Self { dev: dev.clone(), raw: Handle(raw), last: Mutex::new(None) })
     }
 
@@ -138,16 +138,16 @@ impl EventHal for AscendEvent {
     }
 
     fn synchronize(&self) -> DriverResult<()> {
-        self.dev.check_err()?;
         let last = lock(&self.last);
-        if last.is_none() {
-            return Ok(());
+        if last.is_some() {
+            self.dev.enter()?;
+            // SAFETY: the event is live while `self` is.
+            unsafe { raw::event::synchronize(&self.dev.acl, self.raw.0) }.map_err(map_call_err)?;
+            Self::completed(&last);
         }
-        self.dev.enter()?;
-        // SAFETY: the event is live while `self` is.
-        unsafe { raw::event::synchronize(&self.dev.acl, self.raw.0) }.map_err(map_call_err)?;
-        Self::completed(&last);
-        Ok(())
+        // A deferred error is reported only after the wait, which callers count on even when
+        // the call fails (the HAL's contract).
+        self.dev.check_err()
     }
 
     fn elapsed_ms(&self, end: &dyn EventHal) -> DriverResult<f32> {

@@ -30,7 +30,7 @@ use soma_core::hal::{
     DevicePtr, DriverError, DriverResult, EventHal, HostFn, KernelLaunch, MemRef, StreamHal,
 };
 
-use super::conv::{dev_ptr, map_call_err, to_usize};
+use super::conv::{dev_ptr, map_call_err, map_create_err, to_usize};
 use super::device::{copy_args, lock, DeviceInner};
 use super::event::AscendEvent;
 use super::raw;
@@ -198,7 +198,7 @@ impl std::fmt::Debug for AscendStream {
 impl AscendStream {
     /// `aclrtCreateStream`; the device is current.
     pub(crate) fn new(dev: &Arc<DeviceInner>) -> DriverResult<Self> {
-        let raw = raw::stream::create(&dev.acl).map_err(map_call_err)?;
+        let raw = raw::stream::create(&dev.acl).map_err(|e| map_create_err(e, "stream"))?;
         let shared = Arc::new(StreamShared {
             dev: dev.clone(),
             raw: Handle(raw),
@@ -292,12 +292,14 @@ impl StreamHal for AscendStream {
 
     fn synchronize(&self) -> DriverResult<()> {
         let s = &self.shared;
-        s.dev.check_err()?;
         s.dev.enter()?;
         let n = s.enqueued();
         // SAFETY: the handle is live while `self` is.
         unsafe { raw::stream::synchronize(&s.dev.acl, s.raw.0) }.map_err(map_call_err)?;
         s.mark_completed(n);
+        // A deferred error is reported only now: callers count on a synchronize having
+        // drained the queue even when it fails (the HAL's contract).
+        s.dev.check_err()?;
         s.sticky()
     }
 
