@@ -173,3 +173,31 @@ fn too_many_streams_is_reported_as_such() {
     drop(streams);
     dev.create_stream().expect("streams are available again");
 }
+
+/// A free whose completion the host learnt through a chain of events (s2 waited on s1's
+/// event, and s2's event completed) is released by `trim_to` while s1 still runs later,
+/// unrelated work: the backend's check of unmaps against work in flight hears of it from
+/// soma-core instead of asking the driver, which only knows that s1 is not idle.
+#[test]
+fn memory_freed_before_an_event_chain_is_released_while_its_stream_runs() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let mut x = pool.alloc_async::<u8>(1 << 20, &s1).unwrap();
+    s1.memset(&mut x, 7).unwrap();
+    drop(x);
+    let first = s1.record_event().unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s1.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    s2.wait_event(&first).unwrap();
+    let second = s2.record_event().unwrap();
+    second.synchronize().unwrap();
+    assert_eq!(pool.trim_to(0).unwrap(), 2 << 20);
+    assert_eq!(pool.stats().reserved, 0);
+    open.send(()).unwrap();
+    s1.synchronize().unwrap();
+}

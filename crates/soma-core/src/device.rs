@@ -72,7 +72,16 @@ impl DeviceShared {
 
     /// Records that the host observed completion of slot's work below global `bound`.
     pub(crate) fn observe(&self, slot: StreamSlot, bound: u64) {
-        self.slot(slot).observed.fetch_max(bound, Ordering::AcqRel);
+        let before = self.slot(slot).observed.fetch_max(bound, Ordering::AcqRel);
+        if bound > before {
+            // Tell the backend too: one that caches completion (the ascend backend checks
+            // unmaps against it) would otherwise ask the driver, which knows only "not idle".
+            if let Some(live) = self.live_stream(slot) {
+                if let Some(done) = bound.checked_sub(1).and_then(|d| d.checked_sub(live.base)) {
+                    live.hal.note_completed(done);
+                }
+            }
+        }
     }
 
     /// How many streams of the device are alive.

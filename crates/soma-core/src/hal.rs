@@ -454,6 +454,13 @@ pub trait StreamHal: Send + Sync + 'static {
     /// Whether everything enqueued so far is done (never blocks); reports the sticky error.
     fn query(&self) -> DriverResult<bool>;
 
+    /// The host learnt, without asking this stream (through events waited on by other
+    /// streams, a chain of them), that every task at a position `<= position` is done. A
+    /// backend that caches completion may advance its cache; the default ignores it.
+    fn note_completed(&self, position: u64) {
+        let _ = position;
+    }
+
     /// Enqueues a host function.
     fn host_fn(&self, f: HostFn) -> DriverResult<()>;
 

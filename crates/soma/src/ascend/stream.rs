@@ -12,7 +12,9 @@
 //! * an event observed complete ([`EventHal::query`] / [`EventHal::synchronize`]) advances its
 //!   recording stream to the record's position;
 //! * a host function advances its stream to its own position when it returns;
-//! * device synchronization advances every stream of the device.
+//! * device synchronization advances every stream of the device;
+//! * soma-core passes on what its vector clocks learnt ([`StreamHal::note_completed`]): an
+//!   event of another stream that waited on this one, directly or through a chain.
 //!
 //! `completed()` therefore lags the device (never leads it): the pool engine sees frees as
 //! completed later than they are, which costs reuse opportunities, never safety. No host
@@ -309,6 +311,10 @@ impl StreamHal for AscendStream {
         let idle = s.query_driver()?;
         s.sticky()?;
         Ok(idle)
+    }
+
+    fn note_completed(&self, position: u64) {
+        self.shared.mark_completed(position);
     }
 
     fn host_fn(&self, f: HostFn) -> DriverResult<()> {
