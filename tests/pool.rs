@@ -234,6 +234,30 @@ fn owns_finds_live_blocks_with_or_without_the_address_index() {
     }
 }
 
+/// `alloc_raw` blocks never freed go back with the pool, after the work that may use them.
+#[test]
+fn raw_blocks_are_released_when_the_pool_is_dropped() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_stream().unwrap();
+    let free_before = dev.mem_info().unwrap().free;
+    for sharded in [false, true] {
+        let builder = MemPool::builder().max_size(64 * MIB);
+        let pool = if sharded { builder.stream_shards(2) } else { builder }.build(&dev).unwrap();
+        let (p, size) = pool.alloc_raw(3 * MIB, &s).unwrap();
+        assert_eq!(size, 3 * MIB);
+        let gate = Gate::close(&s);
+        s.hal().memset(p, 1, 3 * MIB).unwrap();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            gate.open();
+        });
+        drop(pool); // waits for the memset behind the gate, then unmaps
+        opener.join().unwrap();
+        assert_eq!(dev.mem_info().unwrap().free, free_before, "sharded {sharded}: leaked");
+    }
+}
+
 #[test]
 fn device_capacity_is_an_error_not_a_crash() {
     let npu = npu_with_capacity(32 * MIB);

@@ -2219,6 +2219,18 @@ impl PoolCore {
             return;
         }
         let mut inner = self.lock();
+        if !inner.raw_blocks.is_empty() {
+            // Raw blocks never given to `free_raw` go with the pool (`alloc_raw`'s contract),
+            // once the device's work is done: any stream may still use them.
+            drop(inner);
+            let _ = self.hal.synchronize();
+            inner = self.lock();
+            let raw: Vec<BlockId> = inner.raw_blocks.drain().collect();
+            for block in raw {
+                // Complete (the device synchronised): any tag will do.
+                let _ = inner.engine.free(block, FreeTag { stream: 0, pos: 0 });
+            }
+        }
         // Nothing to report to from a destructor; the device's counters show any leak.
         let (engine, mut backing) = inner.parts(self);
         let _ = engine.teardown(&mut backing);
