@@ -201,3 +201,30 @@ fn memory_freed_before_an_event_chain_is_released_while_its_stream_runs() {
     open.send(()).unwrap();
     s1.synchronize().unwrap();
 }
+
+/// A native pool reports sizes and a full pool as the engine's pools do, and calls the
+/// out-of-memory hooks.
+#[test]
+fn native_pools_report_out_of_memory_as_engine_pools_do() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(8 << 20).native().build(&dev).unwrap();
+    let err = pool.alloc_async::<u8>(9 << 20, &s).unwrap_err();
+    assert!(matches!(err, Error::InvalidSize(_)), "{err:?}");
+    let mut big = Some(pool.alloc_async::<u8>(8 << 20, &s).unwrap());
+    let Error::OutOfMemory(oom) = pool.alloc_async::<u8>(2 << 20, &s).unwrap_err() else {
+        panic!("a full native pool is out of memory");
+    };
+    assert_eq!((oom.requested, oom.max, oom.used), (2 << 20, 8 << 20, 8 << 20));
+    let mut calls = 0;
+    let x = pool
+        .alloc_async_or::<u8>(2 << 20, &s, |_| {
+            calls += 1;
+            big = None; // evict, then ask for a retry
+            soma::OomAction::Retry
+        })
+        .unwrap();
+    assert_eq!(calls, 1);
+    drop(x);
+}

@@ -355,8 +355,11 @@ impl MemPoolBuilder {
     /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
     /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
     /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
-    /// [`Error::Driver`] `Unsupported` error that says so. Not available: `compact`, history,
-    /// `raw_pointers` lookups of foreign pointers (CANN validates them), most of `stats()`.
+    /// [`Error::Driver`] `Unsupported` error that says so. Errors are the engine's: a size
+    /// above the max size is [`Error::InvalidSize`], a full pool [`Error::OutOfMemory`] (with
+    /// the driver pool's counters; no largest free block or pending frees) after the
+    /// out-of-memory hooks. Not available: `compact`, history, `raw_pointers` lookups of
+    /// foreign pointers (CANN validates them), `owns`, most of `stats()`.
     pub fn native(mut self) -> Self {
         self.native = true;
         self
@@ -1139,7 +1142,12 @@ impl PoolCore {
         peers: &[&PoolCore],
     ) -> Result<Granted> {
         if let Some(native) = &self.native {
-            return self.allocate_native(&**native, bytes, stream);
+            return match self.allocate_native(&**native, bytes, stream) {
+                Err(Error::OutOfMemory(oom)) => {
+                    self.retry_native_after_oom(&**native, bytes, stream, on_oom, oom)
+                }
+                other => other,
+            };
         }
         match self.try_allocate(device, bytes, stream, location, peers) {
             Err(Error::OutOfMemory(oom)) => {
@@ -1173,6 +1181,9 @@ impl PoolCore {
     }
 
     /// [`PoolCore::allocate`] from the driver's own pool (a pool created on the native path).
+    /// Errors as the engine's: a size above the pool's max size is
+    /// [`Error::InvalidSize`], a full pool [`Error::OutOfMemory`] with the numbers the driver's
+    /// pool gives.
     #[inline(never)]
     fn allocate_native(
         &self,
@@ -1183,9 +1194,69 @@ impl PoolCore {
         if let Some(e) = self.take_sticky(&mut self.lock()) {
             return Err(e);
         }
-        let ptr = native.malloc_async(bytes, &**stream.hal())?;
-        let size = bytes.div_ceil(self.alignment) * self.alignment;
-        Ok(Granted { block: None, ptr, size, shard: 0 })
+        let size = self.block_size(bytes).filter(|&s| s <= self.max_size).ok_or_else(|| {
+            Error::InvalidSize(format!(
+                "size {bytes} (rounded to {}) exceeds the pool's max size {}",
+                self.alignment, self.max_size
+            ))
+        })?;
+        match native.malloc_async(bytes, &**stream.hal()) {
+            Ok(ptr) => Ok(Granted { block: None, ptr, size, shard: 0 }),
+            Err(e @ crate::hal::DriverError::OutOfMemory { .. }) => {
+                Err(Error::OutOfMemory(Box::new(self.native_oom(native, bytes, size, stream, e))))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The report of a native pool that is full: its own counters, the device's memory.
+    #[cold]
+    fn native_oom(
+        &self,
+        native: &dyn crate::hal::NativePoolHal,
+        bytes: u64,
+        rounded: u64,
+        stream: &Stream<'_>,
+        cause: crate::hal::DriverError,
+    ) -> OutOfMemory {
+        let attr = |id| native.get_attr(id).unwrap_or(0);
+        let (device_free, device_total) = self.hal.mem_info().map_or((0, 0), |m| (m.free, m.total));
+        OutOfMemory {
+            requested: bytes,
+            rounded,
+            stream: stream.id(),
+            used: attr(attr::UsedMemCurrent::ID),
+            reserved: attr(attr::ReservedMemCurrent::ID),
+            max: self.max_size,
+            largest_free_block: 0,
+            pending_bytes: 0,
+            pending: Vec::new(),
+            reuse: self.reuse_policy(),
+            device_free,
+            device_total,
+            retried: false,
+            cause: Some(format!("the driver's pool answered: {cause}")),
+        }
+    }
+
+    /// [`PoolCore::retry_after_oom`] for a native pool: the hooks may free memory and ask
+    /// for one more attempt.
+    #[cold]
+    #[inline(never)]
+    fn retry_native_after_oom(
+        &self,
+        native: &dyn crate::hal::NativePoolHal,
+        bytes: u64,
+        stream: &Stream<'_>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+        oom: Box<OutOfMemory>,
+    ) -> Result<Granted> {
+        let local = on_oom(&oom);
+        let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
+        if local == OomAction::Retry || global == OomAction::Retry {
+            return self.allocate_native(native, bytes, stream);
+        }
+        Err(Error::OutOfMemory(oom))
     }
 
     #[inline(always)]
