@@ -207,6 +207,45 @@ fn out_of_memory_releases_every_free_segment_before_waiting() {
     drop((big, live));
 }
 
+/// A reuse switch on never fails what the same program with it off serves: two adjacent
+/// blocks freed on two streams, both eligible for a third (their frees completed, or ordered
+/// before it by events), are merged for a request that needs both.
+#[test]
+fn eligible_frees_of_two_streams_merge_when_the_pool_is_out_of_memory() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    for policy in [
+        ReusePolicy::NONE,
+        ReusePolicy::new(false, true, false),
+        ReusePolicy::new(true, false, false),
+    ] {
+        let (s1, s2, t) = (
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+        );
+        let pool = MemPool::builder().max_size(6 * MIB).reuse(policy).build(&dev).unwrap();
+        let x1 = pool.alloc_async::<u8>(768 << 10, &s1).unwrap();
+        let x2 = pool.alloc_async::<u8>(768 << 10, &s2).unwrap();
+        let live = pool.alloc_async::<u8>(4608 << 10, &t).unwrap(); // the rest of the pool
+        assert_eq!(x1.device_ptr().checked_add(768 << 10), Some(x2.device_ptr()));
+        drop((x1, x2));
+        wait_device_only(&s1);
+        wait_device_only(&s2);
+        if policy.follow_event_dependencies {
+            t.wait_stream(&s1).unwrap();
+            t.wait_stream(&s2).unwrap();
+        }
+        let both = pool.alloc_async::<u8>(1536 << 10, &t);
+        assert!(
+            both.is_ok(),
+            "{policy:?}: {}",
+            both.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        drop((both, live));
+    }
+}
+
 /// `owns` answers with and without the address index of `raw_pointers`.
 #[test]
 fn owns_finds_live_blocks_with_or_without_the_address_index() {

@@ -1439,17 +1439,32 @@ impl PoolCore {
                     let more = peer.lock().engine.pending_frees(stream.slot(), order);
                     info.pending.extend(more);
                 }
-                if info.pending.is_empty() {
+                // The streams to wait for: those holding pending frees; with none, but
+                // enough free bytes in the pool, every stream that freed here — their frees
+                // may be eligible but cut into per-stream blocks that only settling merges
+                // (a reuse switch on must not fail what the same program with it off serves).
+                let mut waits: smallvec::SmallVec<[StreamSlot; 8]> =
+                    info.pending.iter().map(|p| p.stream).collect();
+                if waits.is_empty() && info.reserved.saturating_sub(info.used) >= info.rounded {
+                    for &core in std::iter::once(&self).chain(peers) {
+                        for slot in core.lock().engine.freeing_streams() {
+                            if !waits.contains(&slot) {
+                                waits.push(slot);
+                            }
+                        }
+                    }
+                }
+                if waits.is_empty() {
                     Err((AllocError::OutOfMemory(info), false))
                 } else {
                     first_pending.clone_from(&info.pending);
-                    // Wait (without the pool lock) for the streams holding pending frees, then
-                    // retry once: their blocks become host-observed and reusable here.
-                    for pending in &info.pending {
-                        if let Some(live) = device.live_stream(pending.stream) {
+                    // Wait (without the pool lock) for those streams, then retry once: their
+                    // blocks become host-observed and reusable here.
+                    for &slot in &waits {
+                        if let Some(live) = device.live_stream(slot) {
                             let enqueued = live.enqueued();
                             let _ = live.hal.synchronize();
-                            device.observe(pending.stream, enqueued + 1);
+                            device.observe(slot, enqueued + 1);
                         }
                     }
                     // Host-observed now, those frees settle: merged with their free
