@@ -228,3 +228,42 @@ fn native_pools_report_out_of_memory_as_engine_pools_do() {
     assert_eq!(calls, 1);
     drop(x);
 }
+
+/// Memory whose free the device has finished is released by `trim_to` and by the threshold
+/// at another stream's synchronize, although nothing told the backend that the freeing
+/// stream ran it (the pool polls the backend's cached completion first).
+#[test]
+fn memory_freed_on_an_idle_stream_is_released_without_asking_that_stream() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let until_released = |what: &str, mut step: Box<dyn FnMut() -> u64 + '_>| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while step() != 0 {
+            assert!(std::time::Instant::now() < deadline, "{what}: never released");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut a = pool.alloc_async::<u8>(2 << 20, &s1).unwrap();
+    s1.memset(&mut a, 0).unwrap();
+    drop(a);
+    until_released(
+        "trim_to",
+        Box::new(|| {
+            pool.trim_to(0).unwrap();
+            pool.stats().reserved
+        }),
+    );
+    let pool = MemPool::builder().release_threshold(0).build(&dev).unwrap();
+    let mut b = pool.alloc_async::<u8>(2 << 20, &s1).unwrap();
+    s1.memset(&mut b, 0).unwrap();
+    drop(b);
+    until_released(
+        "threshold",
+        Box::new(|| {
+            s2.synchronize().unwrap();
+            pool.stats().reserved
+        }),
+    );
+}

@@ -461,6 +461,12 @@ pub trait StreamHal: Send + Sync + 'static {
         let _ = position;
     }
 
+    /// Brings [`completed`](Self::completed) up to date with the device where the backend
+    /// caches it (one non-blocking driver query; no host observation is implied). The pool
+    /// calls it before releasing memory (`trim_to`, the release threshold), so that frees the
+    /// device has finished count as complete. The default does nothing.
+    fn poll_completed(&self) {}
+
     /// Enqueues a host function.
     fn host_fn(&self, f: HostFn) -> DriverResult<()>;
 

@@ -1086,6 +1086,12 @@ impl PoolCore {
     /// down to the threshold.
     pub(crate) fn apply_release_threshold(&self, device: &DeviceShared) {
         let threshold = self.release_threshold();
+        let reserved =
+            self.budget.as_ref().map_or_else(|| self.lock().engine.reserved(), |b| b.reserved());
+        if reserved > threshold {
+            // Only when something may be released: the poll is a driver call per stream.
+            self.poll_freeing_streams(device);
+        }
         let Some(mut inner) = self.lock_settled(device) else { return };
         // A shard releases what the pool as a whole holds above the threshold (the device
         // calls every shard in turn).
@@ -1107,6 +1113,23 @@ impl PoolCore {
                     message: format!("releasing memory at the threshold failed: {e:?}"),
                 });
                 self.put_sticky(&mut inner, error);
+            }
+        }
+    }
+
+    /// Asks the backend to bring the completion of the live streams that freed here up to
+    /// date ([`poll_completed`](crate::hal::StreamHal::poll_completed)) before memory is
+    /// released: a backend that caches completion would otherwise keep memory whose frees the
+    /// device has finished.
+    fn poll_freeing_streams(&self, device: &DeviceShared) {
+        if self.native.is_some() {
+            return;
+        }
+        let slots: smallvec::SmallVec<[StreamSlot; 8]> =
+            self.lock().engine.freeing_streams().collect();
+        for slot in slots {
+            if let Some(live) = device.live_stream(slot) {
+                live.hal.poll_completed();
             }
         }
     }
@@ -1996,6 +2019,7 @@ impl<'d> MemPool<'d> {
         let mut total = 0;
         // A sharded pool trims its shards in turn until the pool as a whole is at `bytes`.
         for core in self.cores() {
+            core.poll_freeing_streams(&self.device.shared);
             let mut inner = core.lock();
             core.drain_passthrough(&self.device.shared, &mut inner);
             // At least `bytes` stay (CUDA's and CANN's `minBytesToKeep`): the engine keeps

@@ -17,7 +17,10 @@
 //!   event of another stream that waited on this one, directly or through a chain.
 //!
 //! `completed()` therefore lags the device (never leads it): the pool engine sees frees as
-//! completed later than they are, which costs reuse opportunities, never safety. No host
+//! completed later than they are, which costs reuse opportunities, never safety. Before it
+//! releases memory (`trim_to`, the release threshold) the pool polls the streams that freed
+//! into it ([`StreamHal::poll_completed`]: one `aclrtStreamQuery`), so that memory the device
+//! is done with goes back. No host
 //! function is enqueued per task to track completion (host functions cost a runtime thread
 //! round trip on Ascend).
 
@@ -315,6 +318,10 @@ impl StreamHal for AscendStream {
 
     fn note_completed(&self, position: u64) {
         self.shared.mark_completed(position);
+    }
+
+    fn poll_completed(&self) {
+        self.shared.refresh();
     }
 
     fn host_fn(&self, f: HostFn) -> DriverResult<()> {
