@@ -267,3 +267,18 @@ fn memory_freed_on_an_idle_stream_is_released_without_asking_that_stream() {
         }),
     );
 }
+
+/// An event recorded after a host function that panicked reports the failure when
+/// synchronized, as on the software NPU; one recorded before it does not.
+#[test]
+fn an_event_recorded_after_a_failed_host_function_reports_it() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let before = s.record_event().unwrap();
+    s.host_fn(|| panic!("planted")).unwrap();
+    let after = s.record_event().unwrap();
+    before.synchronize().unwrap();
+    let err = after.synchronize().unwrap_err();
+    assert!(err.to_string().contains("host_fn") && err.to_string().contains("planted"), "{err}");
+}

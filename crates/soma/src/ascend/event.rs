@@ -147,7 +147,14 @@ impl EventHal for AscendEvent {
         }
         // A deferred error is reported only after the wait, which callers count on even when
         // the call fails (the HAL's contract).
-        self.dev.check_err()
+        self.dev.check_err()?;
+        // A record after a failed task reports the failure (the software NPU's records do).
+        match &*last {
+            Some((stream, position)) => {
+                stream.upgrade().map_or(Ok(()), |s| s.failed_before(*position))
+            }
+            None => Ok(()),
+        }
     }
 
     fn elapsed_ms(&self, end: &dyn EventHal) -> DriverResult<f32> {

@@ -91,6 +91,15 @@ impl StreamShared {
         }
     }
 
+    /// The sticky error if the task that set it came before `position`: what a record at
+    /// `position` reports, as a record on a failed stream does on the software NPU.
+    pub(crate) fn failed_before(&self, position: u64) -> DriverResult<()> {
+        match &*lock(&self.sticky) {
+            Some(e @ DriverError::TaskFailed { task, .. }) if *task < position => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
     fn set_sticky(&self, e: DriverError) {
         lock(&self.sticky).get_or_insert(e);
     }
@@ -167,13 +176,13 @@ pub(crate) extern "C" fn host_fn_trampoline(args: *mut c_void) {
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
             .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "host function panicked".to_owned());
+            .unwrap_or_else(|| "non-string panic payload".to_owned());
         // Dropping the payload runs foreign code; keep a panic there from unwinding into C.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
         stream.set_sticky(DriverError::TaskFailed {
             stream: stream.id(),
             task: position,
-            name: "host function".to_owned(),
+            name: "host_fn".to_owned(),
             message: format!("panicked: {message}"),
         });
     }
