@@ -282,3 +282,27 @@ fn an_event_recorded_after_a_failed_host_function_reports_it() {
     let err = after.synchronize().unwrap_err();
     assert!(err.to_string().contains("host_fn") && err.to_string().contains("planted"), "{err}");
 }
+
+/// A free on one thread while a synchronous memset of the same memory runs on another waits
+/// for it (the runtime under the backend would otherwise free memory being written; ours
+/// refuses, which is what this test would see).
+#[test]
+fn a_free_waits_for_a_synchronous_memset_of_the_same_memory() {
+    let _serial = serial();
+    let dev = device();
+    let hal = Arc::clone(dev.hal());
+    let len = 512 << 20;
+    let p = hal.malloc(len).unwrap();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let writer = {
+        let hal = Arc::clone(&hal);
+        std::thread::spawn(move || {
+            started_tx.send(()).unwrap();
+            hal.memset_sync(p, 7, len)
+        })
+    };
+    started.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    hal.free(p).expect("the free waits for the memset, then succeeds");
+    writer.join().unwrap().expect("the memset ran to its end");
+}

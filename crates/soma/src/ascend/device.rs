@@ -761,29 +761,36 @@ impl DeviceHal for AscendDevice {
     unsafe fn copy_sync(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
         let d = &self.inner;
         d.check_err()?;
-        d.check_ref(dst, len)?;
-        d.check_ref(src, len)?;
         if len == 0 {
-            return Ok(());
+            d.check_ref(dst, len)?;
+            return d.check_ref(src, len);
         }
         d.enter()?;
         let (dp, sp, kind) = copy_args(dst, src);
-        // SAFETY: device ends were validated against soma's bookkeeping; host ends are valid
-        // for `len` bytes for the duration of the call (our caller's contract).
-        unsafe { raw::mem::memcpy(&d.acl, dp, sp, to_usize(len)?, kind) }.map_err(map_call_err)
+        // The memory lock is held for the whole copy: a free or unmap of either range on
+        // another thread waits for it instead of pulling the memory from under it.
+        d.with_valid(&[(dst, len), (src, len)], || {
+            // SAFETY: device ends were validated against soma's bookkeeping, and stay mapped
+            // (the lock `with_valid` holds); host ends are valid for `len` bytes for the
+            // duration of the call (our caller's contract).
+            unsafe { raw::mem::memcpy(&d.acl, dp, sp, to_usize(len)?, kind) }.map_err(map_call_err)
+        })
     }
 
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         let d = &self.inner;
         d.check_err()?;
-        d.check_range(dst, len)?;
         if len == 0 {
-            return Ok(());
+            return d.check_range(dst, len);
         }
         d.enter()?;
-        // SAFETY: the range is device memory soma mapped or allocated (checked above).
-        unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
-            .map_err(map_call_err)
+        // As in `copy_sync`: the memory lock is held for the whole memset.
+        d.with_valid(&[(MemRef::Device(dst), len)], || {
+            // SAFETY: the range is device memory soma mapped or allocated (checked under the
+            // lock `with_valid` holds, which keeps it so).
+            unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
+                .map_err(map_call_err)
+        })
     }
 
     fn create_native_pool(
