@@ -270,6 +270,34 @@ pub unsafe extern "C" fn aclrtMemcpy(
     })
 }
 
+/// Whether `[addr, addr + count)` lies inside one live `aclrtMallocHost` block.
+fn in_host_block(rt: &Runtime, addr: usize, count: usize) -> bool {
+    rt.host
+        .lock()
+        .range(..=addr)
+        .next_back()
+        .is_some_and(|(&start, &len)| addr.checked_add(count).is_some_and(|end| end <= start + len))
+}
+
+/// A memset of `aclrtMallocHost` memory run on a stream's worker.
+struct HostMemset {
+    dst: *mut u8,
+    value: u8,
+    len: usize,
+}
+
+// SAFETY: the address is only used by the memset task; the C caller keeps the block alive and
+// untouched until it completes (the contract of every asynchronous call on host memory).
+unsafe impl Send for HostMemset {}
+
+impl HostMemset {
+    fn run(self) {
+        // SAFETY: see the `Send` impl: the range lay inside a live aclrtMallocHost block when
+        // the task was enqueued, and stays valid until the task completes.
+        unsafe { std::ptr::write_bytes(self.dst, self.value, self.len) }
+    }
+}
+
 /// A host-to-host copy run on a stream's worker.
 struct HostCopy {
     dst: *mut u8,
@@ -368,10 +396,7 @@ pub extern "C" fn aclrtMemset(
         }
         let rt = rt()?;
         let addr = devPtr as usize;
-        let in_host = rt.host.lock().range(..=addr).next_back().is_some_and(|(&start, &len)| {
-            addr.checked_add(count).is_some_and(|end| end <= start + len)
-        });
-        if in_host {
+        if in_host_block(rt, addr, count) {
             // SAFETY: the range lies inside a live aclrtMallocHost block.
             unsafe { std::ptr::write_bytes(devPtr.cast::<u8>(), value as u8, count) };
             return Ok(());
@@ -386,7 +411,8 @@ pub extern "C" fn aclrtMemset(
     })
 }
 
-/// Stream-ordered memset of device memory on `stream` (null: the default stream).
+/// Stream-ordered memset on `stream` (null: the default stream) of device memory, or of host
+/// memory from `aclrtMallocHost` (a task on the stream's worker, as CANN accepts both).
 #[no_mangle]
 pub extern "C" fn aclrtMemsetAsync(
     devPtr: *mut c_void,
@@ -401,11 +427,15 @@ pub extern "C" fn aclrtMemsetAsync(
         if check_memset(devPtr, maxCount, count)?.is_none() {
             return Ok(());
         }
-        let dev = rt
-            .mem
-            .lock()
-            .device_of(devPtr as u64)
-            .ok_or_else(|| AclErr::param(format!("{devPtr:p} is not device memory")))?;
+        if in_host_block(rt, devPtr as usize, count) {
+            let task = HostMemset { dst: devPtr.cast(), value: value as u8, len: count };
+            return Ok(s.stream.host_fn(move || task.run())?);
+        }
+        let dev = rt.mem.lock().device_of(devPtr as u64).ok_or_else(|| {
+            AclErr::param(format!(
+                "{devPtr:p} is neither device memory nor host memory from aclrtMallocHost"
+            ))
+        })?;
         check_stream_device(&s, Some(dev))?;
         let p = device_ptr(devPtr as u64, "devPtr")?;
         Ok(s.stream.hal().memset(p, value as u8, count as u64)?)

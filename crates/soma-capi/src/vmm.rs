@@ -98,7 +98,8 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
 
 /// Reserves `size` bytes (a multiple of the granularity) of device address space on the
 /// current device. `alignment` is 0 or a power of two up to the granularity (reservations are
-/// granularity-aligned); `expectPtr` is a hint that is not honoured; `flags` must be 0.
+/// granularity-aligned); `expectPtr` is a hint that is not honoured; `flags` is 0 (normal
+/// pages) or 1 (huge pages), as in CANN — the software NPU's pages are the same either way.
 ///
 /// # Safety
 /// `virPtr` is null or valid for a write.
@@ -113,7 +114,11 @@ pub unsafe extern "C" fn aclrtReserveMemAddress(
     let _ = expectPtr;
     guard("aclrtReserveMemAddress", || {
         let out = out_ptr(virPtr, "virPtr")?;
-        check_flags(flags)?;
+        if flags > 1 {
+            return Err(AclErr::param(format!(
+                "flags {flags:#x}: 0 (normal pages) or 1 (huge pages)"
+            )));
+        }
         let rt = rt()?;
         let dev = rt.current();
         let size = check_granular(dev, size)?;

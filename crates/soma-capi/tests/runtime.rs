@@ -251,6 +251,25 @@ fn host_memory_and_mem_info() {
         assert_eq!(h as usize % 4096, 0);
         ok(aclrtMemset(h, 4096, 3, 4096));
         assert_eq!(*h.cast::<u8>().add(4095), 3);
+        // In stream order, as CANN's aclrtMemsetAsync accepts host memory from the runtime:
+        // behind a host function that holds the stream, nothing is set yet.
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let gate: Box<dyn FnOnce()> = Box::new(move || {
+            let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+        });
+        extern "C" fn run(args: *mut c_void) {
+            // SAFETY: `args` is the boxed closure below, handed over once.
+            let f = unsafe { Box::from_raw(args.cast::<Box<dyn FnOnce()>>()) };
+            f();
+        }
+        let s = std::ptr::null_mut();
+        ok(aclrtLaunchHostFunc(s, Some(run), Box::into_raw(Box::new(gate)).cast()));
+        ok(aclrtMemsetAsync(h, 4096, 9, 100, s));
+        assert_eq!(*h.cast::<u8>(), 3, "not before the stream gets there");
+        open.send(()).unwrap();
+        ok(aclrtSynchronizeStream(s));
+        assert_eq!((*h.cast::<u8>().add(99), *h.cast::<u8>().add(100)), (9, 3));
+        fails(aclrtMemsetAsync(h, 4096, 9, 4097, s), AclError::ERROR_INVALID_PARAM, "maxCount");
         fails(aclrtMallocHost(&mut h, 0), AclError::ERROR_INVALID_PARAM, "size 0");
         let mut local = 0u64;
         fails(
@@ -319,6 +338,14 @@ fn virtual_memory_management() {
             "host location",
         );
         let mut va = std::ptr::null_mut();
+        // flags: 0 normal pages, 1 huge pages (as CANN); nothing else.
+        ok(aclrtReserveMemAddress(&mut va, 2 * g, 0, std::ptr::null_mut(), 1));
+        ok(aclrtReleaseMemAddress(va));
+        fails(
+            aclrtReserveMemAddress(&mut va, 2 * g, 0, std::ptr::null_mut(), 2),
+            AclError::ERROR_INVALID_PARAM,
+            "flags 2",
+        );
         ok(aclrtReserveMemAddress(&mut va, 4 * g, 0, std::ptr::null_mut(), 0));
         fails(
             aclrtReserveMemAddress(&mut va, g + 1, 0, std::ptr::null_mut(), 0),
