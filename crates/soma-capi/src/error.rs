@@ -8,8 +8,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ascend_sys::{aclError, AclError};
 use soma_core::hal::DriverError;
 
-/// `ACL_ERROR_RT_INTERNAL_ERROR` (507899): CANN's code for an internal runtime error. Not
-/// declared by our headers (it is outside the subset); returned for a failed device task, an
+/// `ACL_ERROR_RT_INTERNAL_ERROR` (507899): CANN's code for an internal runtime error, outside
+/// the subset (`acl_base.h` declares it, as CANN's does); returned for a failed device task, an
 /// injected fault and for a panic caught at the C boundary (which would be a bug of ours).
 pub const ACL_ERROR_RT_INTERNAL_ERROR: AclError = AclError(507_899);
 

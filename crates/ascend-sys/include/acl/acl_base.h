@@ -62,6 +62,9 @@ static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
 
 static const int ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
 static const int ACL_ERROR_RT_MEMORY_ALLOCATION = 207001; /* out of device memory */
+/* Outside the subset, as in CANN's header: what this runtime returns for a failed device task
+ * or an injected fault (docs/c-api.md). */
+static const int ACL_ERROR_RT_INTERNAL_ERROR = 507899;
 
 #ifdef __cplusplus
 }
