@@ -57,14 +57,15 @@ impl TraceStats {
                         sizes.resize(slot + 1, 0);
                     }
                     sizes[slot] = bytes;
-                    live += bytes;
+                    // Saturating: a trace of absurd sizes fails at replay, not here.
+                    live = live.saturating_add(bytes);
                     live_count += 1;
                     s.allocs += 1;
                     s.peak_live_bytes = s.peak_live_bytes.max(live);
                     s.max_live_count = s.max_live_count.max(live_count);
                 }
                 Op::Free { slot } => {
-                    live -= sizes[slot as usize];
+                    live = live.saturating_sub(sizes[slot as usize]);
                     live_count -= 1;
                     s.frees += 1;
                 }
@@ -94,13 +95,17 @@ impl Trace {
     /// Parses trace text. Errors name the offending line.
     ///
     /// # Errors
-    /// A wrong header, a malformed line, an unknown op, a zero-byte allocation, a reused id,
+    /// A wrong header, a malformed line, an unknown op, a zero-byte allocation, a free that
+    /// carries bytes, a reused id,
     /// or a free of an id that is not live.
     pub fn parse(name: &str, text: &str) -> Result<Trace, String> {
         let mut lines = text.lines();
         match lines.next() {
             Some(h) if h.trim_end() == "op,id,bytes,stream" => {}
-            other => return Err(format!("bad header {other:?}, expected `op,id,bytes,stream`")),
+            Some(other) => {
+                return Err(format!("line 1: bad header {other:?}, expected `op,id,bytes,stream`"))
+            }
+            None => return Err("empty file: expected the header `op,id,bytes,stream`".into()),
         }
         let mut ops = Vec::new();
         let mut streams = Vec::new();
@@ -138,6 +143,9 @@ impl Trace {
                     ops.push(Op::Alloc { slot, bytes });
                 }
                 "f" => {
+                    if bytes != 0 {
+                        return Err(format!("line {line_no}: a free carries 0 bytes, not {bytes}"));
+                    }
                     let Some(entry) = ids.get_mut(&id) else {
                         return Err(format!("line {line_no}: free of unknown id {id}"));
                     };
@@ -164,7 +172,8 @@ impl Trace {
         let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         let text = if file.ends_with(".gz") {
             let mut s = String::new();
-            flate2::read::GzDecoder::new(&raw[..])
+            // Every member: `make_traces.py` writes one, but a concatenation is a valid gzip file.
+            flate2::read::MultiGzDecoder::new(&raw[..])
                 .read_to_string(&mut s)
                 .map_err(|e| format!("{}: gunzip: {e}", path.display()))?;
             s
@@ -294,10 +303,42 @@ mod tests {
             "op,id,bytes,stream\na,0,1,0\nf,0,0,0\nf,0,0,0\n",
             "op,id,bytes,stream\na,0,1,0\na,0,1,0\n",
             "op,id,bytes,stream\na,0,-1,0\n",
+            "op,id,bytes,stream\na,0,10,0\nf,0,7,0\n",
+            "",
         ] {
             assert!(Trace::parse("bad", bad).is_err(), "{bad:?}");
         }
         assert!(validate(&[Op::Free { slot: 0 }]).is_err());
+        assert!(Trace::parse("empty", "").unwrap_err().contains("empty file"));
+    }
+
+    /// Sizes whose sum overflows are counted (saturating), not a panic in a debug build.
+    #[test]
+    fn huge_sizes_do_not_overflow_the_statistics() {
+        let text =
+            format!("op,id,bytes,stream\na,0,{max},0\na,1,{max},0\nf,0,0,0\n", max = u64::MAX);
+        let t = Trace::parse("huge", &text).unwrap();
+        assert_eq!(t.stats.peak_live_bytes, u64::MAX);
+    }
+
+    /// A gzip file of several members (a concatenation) is read whole.
+    #[test]
+    fn loads_every_member_of_a_gzip_file() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("soma-tools-multigz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (head, tail) = SMALL.split_at(SMALL.find("f,0").unwrap());
+        let mut bytes = Vec::new();
+        for part in [head, tail] {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(part.as_bytes()).unwrap();
+            bytes.extend(gz.finish().unwrap());
+        }
+        let path = dir.join("multi.csv.gz");
+        std::fs::write(&path, bytes).unwrap();
+        let t = Trace::load(&path).unwrap();
+        assert_eq!(t.ops, Trace::parse("small", SMALL).unwrap().ops);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

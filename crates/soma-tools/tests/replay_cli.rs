@@ -80,3 +80,16 @@ fn stream_per_replay_runs_each_replay_on_the_next_stream() {
         .unwrap();
     assert!(!out.status.success(), "--stream-per-replay without --streams is refused");
 }
+
+/// `--json` escapes the trace's name: a quote, a backslash or a tab in a file name still
+/// gives one valid JSON string.
+#[test]
+fn json_output_escapes_the_trace_name() {
+    let path = trace_file("q\"uo\\te\tx.csv", TWO_STREAMS);
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg(&path).arg("--json").output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(json.starts_with("{\"trace\":\"q\\\"uo\\\\te\\u0009x\","), "{json}");
+    assert!(!json.contains('\t'), "{json}");
+}

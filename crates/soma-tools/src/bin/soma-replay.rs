@@ -310,7 +310,7 @@ fn print_report(
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
              \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
-            trace.name,
+            json_escaped(&trace.name),
             ops,
             n,
             ns_per_op,
@@ -371,12 +371,26 @@ fn print_report(
     );
     println!("cross-stream frees    {hand_offs} (hand-offs through events)");
     println!(
-        "simulator             physical allocs {} , maps {}, unmaps {}",
+        "simulator             physical allocs {}, maps {}, unmaps {}",
         sim_after.calls.alloc_physical - calls_before.calls.alloc_physical,
         sim_after.calls.map - calls_before.calls.map,
         sim_after.calls.unmap - calls_before.calls.unmap
     );
     Ok(())
+}
+
+/// `s` as the inside of a JSON string: quotes, backslashes and control characters escaped.
+fn json_escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
