@@ -59,7 +59,7 @@ fn read_trace(p: &std::path::Path) -> String {
         return String::from_utf8(raw).expect("a trace is UTF-8");
     }
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&raw[..]), &mut text)
+    std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut text)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     text
 }
