@@ -90,6 +90,6 @@ fn json_output_escapes_the_trace_name() {
     let out = out.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json = String::from_utf8(out.stdout).unwrap();
-    assert!(json.starts_with("{\"trace\":\"q\\\"uo\\\\te\\u0009x\","), "{json}");
+    assert!(json.starts_with("{\"trace\":\"q\\\"uo\\\\te\\tx\","), "{json}");
     assert!(!json.contains('\t'), "{json}");
 }

@@ -33,6 +33,14 @@ pub use export::{chrome_trace, json_lines, trace_csv};
 pub use snapshot::{BlockStatus, Snapshot, SnapshotBlock, SnapshotSegment};
 pub use svg::{timeline_svg, SvgOptions};
 
+/// `s` as a JSON string literal, quotes included (RFC 8259 escaping), for tools that write
+/// JSON next to the pool's exports (`soma-replay --json`).
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    json::string(&mut out, s);
+    out
+}
+
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordKind {

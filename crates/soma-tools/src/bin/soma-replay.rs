@@ -306,11 +306,11 @@ fn print_report(
     let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
     if args.json {
         println!(
-            "{{\"trace\":\"{}\",\"ops\":{},\"streams\":{},\"ns_per_op\":{:.1},\
+            "{{\"trace\":{},\"ops\":{},\"streams\":{},\"ns_per_op\":{:.1},\
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
              \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
-            json_escaped(&trace.name),
+            soma::observe::json_string(&trace.name),
             ops,
             n,
             ns_per_op,
@@ -377,20 +377,6 @@ fn print_report(
         sim_after.calls.unmap - calls_before.calls.unmap
     );
     Ok(())
-}
-
-/// `s` as the inside of a JSON string: quotes, backslashes and control characters escaped.
-fn json_escaped(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
