@@ -367,3 +367,56 @@ fn hand_off_moves_an_allocation_safely() {
     s2.copy_to_host(&x, &mut out).unwrap();
     assert_eq!(out, vec![7u32; 256], "s2 saw the data s1 wrote before the hand-off");
 }
+
+/// A use on a stream that was dropped orders nothing: the free must not wait on the stream
+/// that took the dropped one's slot (it never touched the block; waiting on it could hang a
+/// correct program whose new stream waits for the host).
+#[test]
+fn a_use_on_a_dropped_stream_does_not_make_the_free_wait_on_its_slots_next_stream() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s1 = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let x = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    let mut tmp = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    {
+        let u = dev.create_stream().unwrap();
+        u.copy(&mut tmp, &x).unwrap(); // a use of x on u
+        u.synchronize().unwrap();
+    } // u dropped (drained); its slot is free
+    let v = dev.create_stream().unwrap(); // takes u's slot
+    let gate = Gate::close(&v);
+    drop(x); // ordered after u's use: complete already, nothing to wait for
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while s1.hal().completed() < s1.hal().enqueued() {
+        assert!(std::time::Instant::now() < deadline, "s1 waits on v, which never used x");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    gate.open();
+    drop(tmp);
+}
+
+/// The stream that took a dropped user's slot and uses the block too is a new user: the free
+/// waits for its use.
+#[test]
+fn a_use_on_the_next_stream_in_a_dropped_users_slot_orders_the_free() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s1 = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let y = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    let mut tmp = pool.alloc_async::<u32>(1024, &s1).unwrap();
+    {
+        let u = dev.create_stream().unwrap();
+        u.copy(&mut tmp, &y).unwrap();
+    } // u dropped
+    let w = dev.create_stream().unwrap(); // takes u's slot
+    let gate = Gate::close(&w);
+    w.copy(&mut tmp, &y).unwrap(); // queued behind the gate
+    drop(y); // must wait for w's use
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(s1.hal().completed() < s1.hal().enqueued(), "the free did not wait for w's use");
+    gate.open();
+    wait_device_only(&s1);
+    drop(tmp);
+}

@@ -57,6 +57,14 @@ impl<'d> Stream<'d> {
         self.slot
     }
 
+    /// The global position this stream's slot started at when the stream took it: every
+    /// position of this stream is at least this, every position of an earlier stream in the
+    /// slot below it.
+    #[inline]
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
     /// Global position: the number of tasks enqueued so far, offset so that positions of a
     /// slot never repeat across the streams that used it.
     #[inline]

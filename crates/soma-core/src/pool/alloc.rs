@@ -11,6 +11,12 @@ use super::{Granted, MemPool, PoolCore};
 use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
 use crate::device::Device;
 use crate::engine::{BlockId, StreamSlot};
+
+/// A use of an allocation on another stream: the stream's slot and its global position when
+/// the use was recorded. The position tells the stream apart from a later one in the same slot
+/// (positions of a slot never repeat): a stream that was dropped has drained, and the free
+/// must not wait on whatever stream holds its slot now.
+pub(crate) type StreamUse = (StreamSlot, u64);
 use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
@@ -141,7 +147,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
         let event = self.stream.record_event()?;
         to.wait_event(&event)?;
         let (this, mut uses) = self.disarm();
-        uses.retain(|s| *s != to.slot());
+        uses.retain(|u| u.0 != to.slot());
         Ok(PoolAlloc {
             pool: this.pool,
             stream: to,
@@ -158,7 +164,7 @@ impl<T> PoolAlloc<'_, T> {
     /// Takes the handle apart without freeing the block, for the caller to free it or move it
     /// to another handle: the handle, which will not be dropped, and its use list, moved out
     /// (nothing else in the handle owns heap memory, so nothing leaks).
-    fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamSlot; 2]>) {
+    fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamUse; 2]>) {
         let mut this = ManuallyDrop::new(self);
         let uses = std::mem::take(&mut this.uses).take();
         (this, uses)
@@ -206,7 +212,7 @@ impl<T> PoolAlloc<'_, T> {
     }
 
     /// The other streams that used the allocation so far.
-    pub(crate) fn uses_snapshot(&self) -> SmallVec<[StreamSlot; 2]> {
+    pub(crate) fn uses_snapshot(&self) -> SmallVec<[StreamUse; 2]> {
         self.uses.snapshot()
     }
 
@@ -215,7 +221,7 @@ impl<T> PoolAlloc<'_, T> {
         &mut self,
         block: BlockId,
         ptr: DevicePtr,
-    ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamSlot; 2]>) {
+    ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamUse; 2]>) {
         let old = self.block.replace(block);
         let old_ptr = std::mem::replace(&mut self.ptr, ptr);
         (old, old_ptr, self.uses.take())
@@ -247,10 +253,10 @@ impl<T> Drop for PoolAlloc<'_, T> {
 /// (a `Mutex<SmallVec>` inline would make `PoolAlloc` 32 bytes larger, and the caller's
 /// arrays of handles are what a workload touches on every free).
 #[derive(Default)]
-struct OtherUses(OnceBox<Mutex<SmallVec<[StreamSlot; 2]>>>);
+struct OtherUses(OnceBox<Mutex<SmallVec<[StreamUse; 2]>>>);
 
 impl OtherUses {
-    fn from_list(list: SmallVec<[StreamSlot; 2]>) -> Self {
+    fn from_list(list: SmallVec<[StreamUse; 2]>) -> Self {
         let uses = OtherUses::default();
         if !list.is_empty() {
             // A fresh cell is empty, so `set` cannot fail.
@@ -260,11 +266,11 @@ impl OtherUses {
     }
 
     /// The list, created by the first use on another stream.
-    fn list(&self) -> &Mutex<SmallVec<[StreamSlot; 2]>> {
+    fn list(&self) -> &Mutex<SmallVec<[StreamUse; 2]>> {
         self.0.get_or_init(|| Box::new(Mutex::new(SmallVec::new())))
     }
 
-    fn snapshot(&self) -> SmallVec<[StreamSlot; 2]> {
+    fn snapshot(&self) -> SmallVec<[StreamUse; 2]> {
         self.0.get().map(|l| l.lock().clone()).unwrap_or_default()
     }
 
@@ -272,13 +278,13 @@ impl OtherUses {
     /// case) when no other stream used the allocation.
     // Inline: `PoolAlloc`'s drop is instantiated in the caller's crate.
     #[inline]
-    fn drain(&self) -> Option<SmallVec<[StreamSlot; 2]>> {
+    fn drain(&self) -> Option<SmallVec<[StreamUse; 2]>> {
         self.0.get().map(|l| std::mem::take(&mut *l.lock()))
     }
 
     /// [`OtherUses::drain`], an empty list when there was none.
     #[inline]
-    fn take(&self) -> SmallVec<[StreamSlot; 2]> {
+    fn take(&self) -> SmallVec<[StreamUse; 2]> {
         self.drain().unwrap_or_default()
     }
 }
@@ -295,13 +301,20 @@ impl<T> BufferOwner for PoolAlloc<'_, T> {
             return Ok(());
         }
         let mut uses = self.uses.list().lock();
-        if !uses.contains(&stream.slot()) {
-            // First use on this stream: order it after the allocation point. The block may
-            // have been reused on the allocation's stream while its previous owner's work is
-            // still queued there; only stream order makes it this allocation's memory.
-            let event = self.stream.record_event()?;
-            stream.wait_event(&event)?;
-            uses.push(stream.slot());
+        let known = uses.iter().position(|u| u.0 == stream.slot());
+        // Recorded by this stream, or by a dropped one whose slot it took (an older position).
+        if known.is_some_and(|i| uses[i].1 >= stream.base()) {
+            return Ok(());
+        }
+        // First use on this stream: order it after the allocation point. The block may have
+        // been reused on the allocation's stream while its previous owner's work is still
+        // queued there; only stream order makes it this allocation's memory.
+        let event = self.stream.record_event()?;
+        stream.wait_event(&event)?;
+        let now = (stream.slot(), stream.position());
+        match known {
+            Some(i) => uses[i] = now,
+            None => uses.push(now),
         }
         Ok(())
     }
@@ -351,12 +364,12 @@ mod tests {
         let uses = OtherUses::default();
         assert!(uses.0.get().is_none() && uses.drain().is_none());
         assert!(uses.snapshot().is_empty());
-        uses.list().lock().push(3);
-        assert_eq!(uses.snapshot().as_slice(), &[3]);
-        assert_eq!(uses.take().as_slice(), &[3]);
+        uses.list().lock().push((3, 7));
+        assert_eq!(uses.snapshot().as_slice(), &[(3, 7)]);
+        assert_eq!(uses.take().as_slice(), &[(3, 7)]);
         assert!(uses.take().is_empty() && uses.drain().is_some_and(|l| l.is_empty()));
-        let moved = OtherUses::from_list(SmallVec::from_slice(&[1]));
-        assert_eq!(moved.snapshot().as_slice(), &[1]);
+        let moved = OtherUses::from_list(SmallVec::from_slice(&[(1, 0)]));
+        assert_eq!(moved.snapshot().as_slice(), &[(1, 0)]);
         assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());
     }
 }

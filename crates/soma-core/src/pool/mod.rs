@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use alloc::PoolAlloc;
+use alloc::StreamUse;
 
 pub use stats::{PoolStats, ReuseCounts};
 
@@ -965,7 +966,7 @@ impl PoolCore {
         granted: (Option<BlockId>, DevicePtr),
         bytes: u64,
         stream: &Stream<'_>,
-        other_uses: &[StreamSlot],
+        other_uses: &[StreamUse],
         location: Option<&'static Location<'static>>,
     ) -> Result<()> {
         let (Some(ring), (Some(block), ptr)) = (&self.free_ring, granted) else {
@@ -1598,7 +1599,7 @@ impl PoolCore {
         // An event recorded on the freeing stream now (after the free), waited on by
         // `stream`: exactly what ordering after a recorded use does. A dropped stream has
         // drained, so its free is complete and nothing is inserted.
-        self.wait_for_uses(device, stream, &[tag.stream])
+        self.wait_for_uses(device, stream, &[(tag.stream, tag.pos)])
     }
 
     /// The error for a failed allocation; out of memory carries the pool's numbers, the
@@ -1662,7 +1663,7 @@ impl PoolCore {
         &self,
         device: &DeviceShared,
         stream: &Stream<'_>,
-        uses: &[StreamSlot],
+        uses: &[StreamUse],
     ) -> Result<()> {
         if uses.is_empty() {
             return Ok(());
@@ -1676,13 +1677,15 @@ impl PoolCore {
         &self,
         device: &DeviceShared,
         stream: &Stream<'_>,
-        uses: &[StreamSlot],
+        uses: &[StreamUse],
     ) -> Result<()> {
-        for &user in uses {
+        for &(user, at) in uses {
             if user == stream.slot() {
                 continue;
             }
-            if let Some(live) = device.live_stream(user) {
+            // A stream that held the slot before the live one was dropped, which drained it:
+            // nothing to wait for (and the live stream never touched this block).
+            if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
                 let event = self.hal.create_event()?;
                 let pos = live.hal.record(&*event)?;
                 stream.wait_raw(&*event)?;
@@ -1697,7 +1700,7 @@ impl PoolCore {
         device: &DeviceShared,
         granted: (Option<BlockId>, DevicePtr),
         stream: &Stream<'_>,
-        other_uses: &[StreamSlot],
+        other_uses: &[StreamUse],
         location: Option<&'static Location<'static>>,
     ) -> Result<()> {
         self.wait_for_uses(device, stream, other_uses)?;
