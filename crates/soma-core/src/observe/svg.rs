@@ -512,7 +512,8 @@ fn fmt_unit(v: f64, unit: &str) -> String {
     }
 }
 
-/// Escapes text for XML content and attribute values.
+/// Escapes text for XML content and attribute values. Control characters other than tab,
+/// newline and carriage return are not allowed in XML 1.0, escaped or not: they become U+FFFD.
 fn xml(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -522,6 +523,8 @@ fn xml(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&apos;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || matches!(c, '\u{fffe}' | '\u{ffff}') => out.push('\u{fffd}'),
             c => out.push(c),
         }
     }
@@ -531,6 +534,12 @@ fn xml(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xml_escapes_markup_and_replaces_characters_xml_forbids() {
+        assert_eq!(xml("a<&>\"'b"), "a&lt;&amp;&gt;&quot;&apos;b");
+        assert_eq!(xml("run\u{1b}[1m\t7\u{0}"), "run\u{fffd}[1m\t7\u{fffd}");
+    }
 
     #[test]
     fn steps_are_nice() {
