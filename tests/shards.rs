@@ -193,6 +193,27 @@ fn a_snapshot_shows_every_shard() {
     drop((a, b));
 }
 
+/// Mapped runs that meet at a shard boundary (the end of shard 0's range, the start of shard
+/// 1's) are two segments: two reservations.
+#[test]
+fn a_snapshot_keeps_runs_of_adjacent_shards_apart() {
+    let npu = common::npu();
+    let dev = npu.device(0).unwrap();
+    let (s1, s2) = two_streams(&dev);
+    let pool = sharded(&dev, 8 * MIB, ReusePolicy::default());
+    let a = pool.alloc_async::<u8>(6 * MIB, &s1).unwrap();
+    let b = pool.alloc_async::<u8>(2 * MIB, &s1).unwrap(); // the end of shard 0's range
+    drop(a);
+    s1.synchronize().unwrap();
+    pool.trim_to(0).unwrap();
+    let c = pool.alloc_async::<u8>(MIB, &s2).unwrap(); // the start of shard 1's range
+    let snap = pool.snapshot();
+    let runs: Vec<_> = snap.segments.iter().map(|seg| (seg.offset, seg.size)).collect();
+    let m = 8 * MIB as u64;
+    assert_eq!(runs, vec![(m - 2 * MIB as u64, 2 * MIB as u64), (m, 2 * MIB as u64)]);
+    drop((b, c));
+}
+
 #[test]
 fn raw_pointers_of_any_shard_are_found_and_freed_once() {
     let npu = common::npu();

@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::attr::{Attribute as _, ReservedMemHigh, UsedMemHigh};
 use super::MemPool;
+use crate::engine::{BlockInfo, BlockState};
 use crate::error::Result;
 use crate::observe::{History, Snapshot, SvgOptions};
 
@@ -38,10 +39,13 @@ impl MemPool<'_> {
         let guards: Vec<_> = self.cores().map(|c| (c.shard, c.lock())).collect();
         let blocks = guards.iter().flat_map(|(shard, inner)| {
             let shift = u64::from(*shard) * core.max_size;
-            inner.engine.blocks().map(move |mut b| {
+            // An empty unmapped block first: each shard is its own reservation, so a mapped
+            // run at the end of one shard and one at the start of the next are two segments.
+            let boundary = BlockInfo { offset: shift, size: 0, state: BlockState::Unmapped };
+            std::iter::once(boundary).chain(inner.engine.blocks().map(move |mut b| {
                 b.offset += shift;
                 b
-            })
+            }))
         });
         let shards = guards.iter().map(|(shard, _)| u64::from(*shard) + 1).max().unwrap_or(1);
         Snapshot::from_blocks(
