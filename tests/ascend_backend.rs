@@ -279,8 +279,10 @@ fn an_event_recorded_after_a_failed_host_function_reports_it() {
     s.host_fn(|| panic!("planted")).unwrap();
     let after = s.record_event().unwrap();
     before.synchronize().unwrap();
+    assert!(before.query().unwrap());
     let err = after.synchronize().unwrap_err();
     assert!(err.to_string().contains("host_fn") && err.to_string().contains("planted"), "{err}");
+    assert!(after.query().is_err(), "a query of the completed record reports the failure too");
 }
 
 /// A free on one thread while a synchronous memset of the same memory runs on another waits

@@ -500,7 +500,8 @@ pub trait StreamHal: Send + Sync + 'static {
 
 /// An event: a marker recorded on a stream.
 pub trait EventHal: Send + Sync + 'static {
-    /// Whether the latest record has completed (true if never recorded).
+    /// Whether the latest record has completed (true if never recorded); a record that
+    /// completed with its stream's failure reports that error, as `synchronize` does.
     fn query(&self) -> DriverResult<bool>;
 
     /// Blocks until the latest record has completed.

@@ -206,9 +206,7 @@ impl std::fmt::Debug for SimDevice {
 }
 
 fn sleep(d: Duration) {
-    if !d.is_zero() {
-        std::thread::sleep(d);
-    }
+    crate::model_delay(d);
 }
 
 impl SimDevice {

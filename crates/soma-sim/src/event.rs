@@ -104,7 +104,12 @@ impl EventHal for SimEvent {
             None => Ok(true),
             Some(r) if r.is_complete() => {
                 r.observed();
-                Ok(true)
+                // A record after a failed task completes with the failure: report it, as
+                // `synchronize` does.
+                match r.stamp() {
+                    Some((_, Some(e))) => Err(e),
+                    _ => Ok(true),
+                }
             }
             Some(_) => Ok(false),
         }

@@ -123,7 +123,8 @@ impl Product {
 /// Simulated driver and task costs. All zero (off) by default.
 ///
 /// Driver-call delays sleep in the calling thread (before any lock is taken); task delays
-/// sleep on the stream's worker.
+/// sleep on the stream's worker. The last 100 µs of a delay are spun, not slept: the OS wakes
+/// a sleeping thread tens of microseconds late, which would turn a 5 µs launch into 50–100.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct LatencyModel {
@@ -136,6 +137,21 @@ pub struct LatencyModel {
     /// Copy bandwidth in bytes per second, for copy tasks (on the worker) and `copy_sync`
     /// (in the calling thread); `0` means copies take no modelled time.
     pub copy_bandwidth: u64,
+}
+
+/// Waits `d`, as the latency model prescribes: sleeps all but the last stretch, spins that.
+pub(crate) fn model_delay(d: Duration) {
+    const SPIN: Duration = Duration::from_micros(100);
+    if d.is_zero() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + d;
+    if d > SPIN {
+        std::thread::sleep(d - SPIN);
+    }
+    while std::time::Instant::now() < deadline {
+        std::hint::spin_loop();
+    }
 }
 
 impl LatencyModel {

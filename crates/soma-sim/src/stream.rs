@@ -349,9 +349,7 @@ impl Drop for SimStream {
 }
 
 fn sleep(d: Duration) {
-    if !d.is_zero() {
-        std::thread::sleep(d);
-    }
+    crate::model_delay(d);
 }
 
 fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {

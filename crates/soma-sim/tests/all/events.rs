@@ -126,7 +126,10 @@ fn record_on_a_failed_stream_completes_with_the_error() {
     b.wait(ev.as_ref()).unwrap();
     b.host_fn(Box::new(|| {})).unwrap();
     b.synchronize().unwrap(); // does not hang, and B's own state is fine
-    assert!(ev.query().unwrap());
+                              // Complete, with the failure: a query reports it as a synchronize does.
+    let q = ev.query().unwrap_err();
+    assert!(matches!(q, soma_sim::hal::DriverError::TaskFailed { task: 2, .. }), "{q:?}");
+    assert!(ok.query().unwrap(), "a record before the failure is fine");
     let e = ev.synchronize().unwrap_err();
     assert!(matches!(e, soma_sim::hal::DriverError::TaskFailed { task: 2, .. }), "{e:?}");
     assert!(ok.elapsed_ms(ev.as_ref()).is_err());

@@ -100,6 +100,10 @@ impl AscendEvent {
             unsafe { raw::event::query_status(&self.dev.acl, self.raw.0) }.map_err(map_call_err)?;
         if st == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE {
             Self::completed(last);
+            // A record after a failed task reports the failure, as `synchronize` does.
+            if let Some((stream, position)) = last {
+                stream.upgrade().map_or(Ok(()), |s| s.failed_before(*position))?;
+            }
             Ok(true)
         } else if st == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY {
             Ok(false)
