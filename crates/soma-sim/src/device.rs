@@ -586,7 +586,9 @@ impl DeviceHal for SimDevice {
         bump(&self.core.calls.synchronize);
         let streams: Vec<Arc<StreamShared>> = {
             let mut v = self.core.streams.lock();
-            v.retain(|w| w.strong_count() > 0);
+            // A dropped stream drained when it was dropped and is no longer the device's,
+            // even while an event recorded on it keeps its state (and its error) alive.
+            v.retain(|w| w.upgrade().is_some_and(|s| !s.dropped.load(Ordering::Acquire)));
             v.iter().filter_map(Weak::upgrade).collect()
         };
         let mut first = None;

@@ -31,6 +31,9 @@ pub(crate) struct StreamShared {
     done_lock: Mutex<()>,
     done_cv: Condvar,
     waiters: AtomicUsize,
+    /// Set when the stream's handle is dropped (its queue drained): an event recorded on it
+    /// may keep this state alive, but the device no longer has the stream.
+    pub(crate) dropped: AtomicBool,
     /// The device's stream-order sanitizer, if on.
     pub(crate) san: Option<Arc<Sanitizer>>,
 }
@@ -212,6 +215,7 @@ impl SimStream {
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            dropped: AtomicBool::new(false),
             san,
         });
         if let Some(san) = &shared.san {
@@ -344,6 +348,7 @@ impl Drop for SimStream {
         if let Some(san) = &self.shared.san {
             san.stream_dropped(self.shared.id, self.enqueued());
         }
+        self.shared.dropped.store(true, Ordering::Release);
         self.core.stream_dropped();
     }
 }

@@ -222,3 +222,23 @@ fn a_task_fault_hits_a_record_on_an_idle_stream() {
     a.record(later.as_ref()).unwrap();
     assert!(later.synchronize().is_err());
 }
+
+/// A failed stream that was dropped is no longer the device's: a device synchronize does not
+/// report its error, although an event recorded on it keeps its state alive.
+#[test]
+fn a_dropped_failed_stream_does_not_fail_the_device() {
+    let dev = device(64 * MIB);
+    let a = dev.create_stream().unwrap();
+    let ev = dev.create_event().unwrap();
+    a.launch(KernelLaunch {
+        name: "fails",
+        buffers: vec![],
+        body: Box::new(|_| Err(KernelError::new("no"))),
+    })
+    .unwrap();
+    a.record(ev.as_ref()).unwrap();
+    assert!(dev.synchronize().is_err(), "while the stream lives, the device reports it");
+    drop(a);
+    dev.synchronize().unwrap();
+    assert!(ev.synchronize().is_err(), "the event still carries the failure");
+}
