@@ -246,6 +246,64 @@ fn eligible_frees_of_two_streams_merge_when_the_pool_is_out_of_memory() {
     }
 }
 
+/// A host function that blocks `stream` until the sender is dropped (or 30 s pass); the flag
+/// tells whether it has returned.
+fn held(
+    stream: &soma::Stream<'_>,
+) -> (std::sync::mpsc::Sender<()>, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&done);
+    stream
+        .host_fn(move || {
+            let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+    (tx, done)
+}
+
+/// Merging eligible frees when out of memory waits for no stream: not the one that took a
+/// dropped freeing stream's slot (it never used the pool), not the requesting stream itself.
+#[test]
+fn merging_eligible_frees_waits_for_no_stream() {
+    use std::sync::atomic::Ordering;
+    let npu = npu();
+    let dev = device_of(&npu);
+    for allocate_on_held in [false, true] {
+        let pool = MemPool::builder()
+            .max_size(6 * MIB)
+            .reuse(ReusePolicy::new(false, true, false))
+            .build(&dev)
+            .unwrap();
+        {
+            let u = dev.create_stream().unwrap();
+            drop(pool.alloc_async::<u8>(768 << 10, &u).unwrap());
+        } // u freed into the pool, then dropped
+        let v = dev.create_stream().unwrap(); // takes u's slot, never uses the pool
+        let (s1, s2, t) = (
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+            dev.create_stream().unwrap(),
+        );
+        let x1 = pool.alloc_async::<u8>(768 << 10, &s1).unwrap();
+        let x2 = pool.alloc_async::<u8>(768 << 10, &s2).unwrap();
+        let live = pool.alloc_async::<u8>(4608 << 10, &t).unwrap();
+        drop((x1, x2));
+        wait_device_only(&s1);
+        wait_device_only(&s2);
+        let requester = if allocate_on_held { &s1 } else { &t };
+        let holder = if allocate_on_held { &s1 } else { &v };
+        let (open, released) = held(holder);
+        let both = pool.alloc_async::<u8>(1536 << 10, requester);
+        assert!(!released.load(Ordering::SeqCst), "the allocation waited for a held stream");
+        assert!(both.is_ok(), "{:?}", both.as_ref().err().map(ToString::to_string));
+        drop(open);
+        drop((both, live));
+    }
+}
+
 /// `owns` answers with and without the address index of `raw_pointers`.
 #[test]
 fn owns_finds_live_blocks_with_or_without_the_address_index() {

@@ -1220,7 +1220,7 @@ impl PoolCore {
         }
         let size = self.block_size(bytes).filter(|&s| s <= self.max_size).ok_or_else(|| {
             Error::InvalidSize(format!(
-                "size {bytes} (rounded to {}) exceeds the pool's max size {}",
+                "size {bytes} (rounded to a multiple of {}) exceeds the pool's max size {}",
                 self.alignment, self.max_size
             ))
         })?;
@@ -1463,32 +1463,38 @@ impl PoolCore {
                     let more = peer.lock().engine.pending_frees(stream.slot(), order);
                     info.pending.extend(more);
                 }
-                // The streams to wait for: those holding pending frees; with none, but
-                // enough free bytes in the pool, every stream that freed here — their frees
-                // may be eligible but cut into per-stream blocks that only settling merges
-                // (a reuse switch on must not fail what the same program with it off serves).
-                let mut waits: smallvec::SmallVec<[StreamSlot; 8]> =
-                    info.pending.iter().map(|p| p.stream).collect();
-                if waits.is_empty() && info.reserved.saturating_sub(info.used) >= info.rounded {
-                    for &core in std::iter::once(&self).chain(peers) {
-                        for slot in core.lock().engine.freeing_streams() {
-                            if !waits.contains(&slot) {
-                                waits.push(slot);
-                            }
-                        }
-                    }
-                }
-                if waits.is_empty() {
+                // With nothing pending but enough free bytes in the pool, the frees are
+                // eligible but may be cut into per-stream blocks that only settling merges (a
+                // reuse switch on must not fail what the same program with it off serves):
+                // what the device has completed of the streams that freed here becomes
+                // host-observed without waiting — no stream is synchronised, so neither the
+                // requesting stream nor one that took a dropped stream's slot can block this.
+                let settle_completed = info.pending.is_empty()
+                    && info.reserved.saturating_sub(info.used) >= info.rounded;
+                if info.pending.is_empty() && !settle_completed {
                     Err((AllocError::OutOfMemory(info), false))
                 } else {
                     first_pending.clone_from(&info.pending);
-                    // Wait (without the pool lock) for those streams, then retry once: their
-                    // blocks become host-observed and reusable here.
-                    for &slot in &waits {
-                        if let Some(live) = device.live_stream(slot) {
+                    if settle_completed {
+                        let mut slots: smallvec::SmallVec<[StreamSlot; 8]> =
+                            smallvec::SmallVec::new();
+                        for &core in std::iter::once(&self).chain(peers) {
+                            slots.extend(core.lock().engine.freeing_streams());
+                        }
+                        for slot in slots {
+                            if let Some(live) = device.live_stream(slot) {
+                                live.hal.poll_completed();
+                                device.observe(slot, live.completed() + 1);
+                            }
+                        }
+                    }
+                    // Wait (without the pool lock) for the streams holding pending frees, then
+                    // retry once: their blocks become host-observed and reusable here.
+                    for pending in &info.pending {
+                        if let Some(live) = device.live_stream(pending.stream) {
                             let enqueued = live.enqueued();
                             let _ = live.hal.synchronize();
-                            device.observe(slot, enqueued + 1);
+                            device.observe(pending.stream, enqueued + 1);
                         }
                     }
                     // Host-observed now, those frees settle: merged with their free
