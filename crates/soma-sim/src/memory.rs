@@ -1,19 +1,23 @@
 //! Device memory: the one place in the crate that touches raw memory.
 //!
 //! Every `unsafe` block of soma-sim that dereferences, maps or unmaps memory lives here. The
-//! module owns three things whose invariants together make the slices it hands out sound:
+//! module owns four things whose invariants together make the slices it hands out sound:
 //!
 //! 1. **The arena**: one `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)` region
 //!    per device, alive as long as the [`DeviceMemory`] value. Device addresses are the real
 //!    host addresses inside it.
 //! 2. **The mapped set**: the ranges currently `mprotect`ed `READ | WRITE`. Only these are ever
-//!    turned into slices or copied to / from.
+//!    turned into slices or copied to / from by tasks and host copies.
 //! 3. **The in-flight table**: every range a running task (or a synchronous copy) accesses,
 //!    with its mode. An [`Access`] is only created after its ranges were checked (under the same
 //!    lock) to be mapped and not to conflict with any other in-flight range (write / any or
 //!    any / write, overlapping); it removes them when dropped. [`DeviceMemory::unmap`] refuses
 //!    ranges that are in flight. Hence while an `Access` lives its ranges stay mapped, and no
 //!    other thread holds a conflicting reference to their bytes.
+//! 4. **The parked pages** of unmapped physical memory: in place (a `PROT_NONE` range of the
+//!    arena outside the mapped set) or aside (a private mapping of their own). Only this
+//!    module's `map_parked` / `evict` copy them, under the lock, while no slice or `Access`
+//!    can refer to them (they are not mapped).
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -280,9 +284,7 @@ impl DeviceMemory {
                 // SAFETY: the target is `len` bytes of our arena, just made accessible and not
                 // mapped before (checked), so nothing refers to it; the region holds `len`
                 // bytes outside the arena that only this table refers to.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(region.ptr.as_ptr(), self.ptr(addr), region.len)
-                };
+                unsafe { copy_resident(region.ptr.as_ptr(), self.ptr(addr), region.len) };
             }
         }
         st.parked.remove(&key);
@@ -319,7 +321,7 @@ impl DeviceMemory {
         // SAFETY: `[addr, addr + len)` is an unmapped range of our arena holding parked pages,
         // just made readable, that nothing refers to; the region is fresh, `len` bytes long
         // and outside the arena.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr), region.ptr.as_ptr(), len as usize) };
+        unsafe { copy_resident(self.ptr(addr), region.ptr.as_ptr(), len as usize) };
         self.protect(addr, len, libc::PROT_NONE)?;
         self.drop_pages(addr, len);
         st.in_place.remove(&addr);
@@ -539,6 +541,43 @@ impl Drop for Region {
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
+    }
+}
+
+/// Copies the pages of `[src, src + len)` that are resident to the same offsets of `dst`,
+/// whose other pages must read as zero already: pages never touched stay unbacked in `dst`
+/// too, so moving unmapped physical memory aside costs what was written, not its size. Copies
+/// everything when `mincore` cannot tell.
+///
+/// # Safety
+/// `src` is page aligned and readable for `len` bytes, `dst` writable for `len` bytes and
+/// zero where `src` has no resident page; the ranges do not overlap and nothing else refers
+/// to them during the call.
+unsafe fn copy_resident(src: *const u8, dst: *mut u8, len: usize) {
+    let page = page_size() as usize;
+    let pages = len.div_ceil(page);
+    let mut resident = vec![0u8; pages];
+    // SAFETY: `src` is page aligned and mapped for `len` bytes (the caller's contract);
+    // `resident` has one byte per page of the range.
+    let rc = unsafe { libc::mincore(src.cast_mut().cast(), len, resident.as_mut_ptr()) };
+    if rc != 0 {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let mut i = 0;
+    while i < pages {
+        if resident[i] & 1 == 0 {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < pages && resident[i] & 1 != 0 {
+            i += 1;
+        }
+        let (from, to) = (start * page, (i * page).min(len));
+        // SAFETY: `from..to` lies within both ranges (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.add(from), dst.add(from), to - from) };
     }
 }
 
