@@ -109,6 +109,11 @@ fn elapsed_time_is_monotonic_and_plausible() {
     assert_eq!(start.elapsed_ms(start.as_ref()).unwrap(), 0.0);
 }
 
+/// A kernel that fails, failing its stream.
+fn failing_kernel() -> KernelLaunch {
+    KernelLaunch { name: "fails", buffers: vec![], body: Box::new(|_| Err(KernelError::new("no"))) }
+}
+
 #[test]
 fn record_on_a_failed_stream_completes_with_the_error() {
     let dev = device(64 * MIB);
@@ -116,12 +121,7 @@ fn record_on_a_failed_stream_completes_with_the_error() {
     let ev = dev.create_event().unwrap();
     let ok = dev.create_event().unwrap();
     a.record(ok.as_ref()).unwrap();
-    a.launch(KernelLaunch {
-        name: "fails",
-        buffers: vec![],
-        body: Box::new(|_| Err(KernelError::new("no"))),
-    })
-    .unwrap();
+    a.launch(failing_kernel()).unwrap();
     a.record(ev.as_ref()).unwrap();
     b.wait(ev.as_ref()).unwrap();
     b.host_fn(Box::new(|| {})).unwrap();
@@ -230,12 +230,7 @@ fn a_dropped_failed_stream_does_not_fail_the_device() {
     let dev = device(64 * MIB);
     let a = dev.create_stream().unwrap();
     let ev = dev.create_event().unwrap();
-    a.launch(KernelLaunch {
-        name: "fails",
-        buffers: vec![],
-        body: Box::new(|_| Err(KernelError::new("no"))),
-    })
-    .unwrap();
+    a.launch(failing_kernel()).unwrap();
     a.record(ev.as_ref()).unwrap();
     assert!(dev.synchronize().is_err(), "while the stream lives, the device reports it");
     drop(a);
