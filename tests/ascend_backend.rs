@@ -120,6 +120,7 @@ fn native_pools_delegate_to_aclrt_mem_pool() {
     assert!(!pool.get::<attr::ReuseFollowEventDependencies>().unwrap());
     assert!(pool.get::<attr::ReuseAllowOpportunistic>().unwrap());
     assert!(pool.get::<attr::ReuseAllowInternalDependencies>().unwrap());
+    assert_eq!(pool.reuse_policy(), ReusePolicy::new(false, true, true));
 }
 
 /// A synchronize that reports an error a `Drop` left behind still drains first: soma-core

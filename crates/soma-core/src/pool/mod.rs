@@ -1835,12 +1835,17 @@ impl<'d> MemPool<'d> {
                 (attr::ReuseAllowOpportunistic::ID, OPPORTUNISTIC),
                 (attr::ReuseAllowInternalDependencies::ID, INTERNAL_DEPENDENCIES),
             ];
+            // Switch by switch, the stored policy following each one the driver took, so that
+            // `reuse_policy()` agrees with the driver's pool even when a later one fails.
             for (id, bit) in switches {
-                if let Err(e) = native.set_attr(id, u64::from(policy.bits() & bit != 0)) {
+                let on = policy.bits() & bit != 0;
+                if let Err(e) = native.set_attr(id, u64::from(on)) {
                     self.core.set_sticky(e.into());
                     return;
                 }
+                self.core.set_reuse_flag(bit, on);
             }
+            return;
         }
         self.core.settings.reuse.store(policy.bits(), Ordering::Relaxed);
     }
