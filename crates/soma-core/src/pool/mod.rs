@@ -19,7 +19,7 @@ use alloc::StreamUse;
 pub use stats::{PoolStats, ReuseCounts};
 
 use crate::buffer::bytes_for;
-use crate::device::{Device, DeviceShared};
+use crate::device::{Device, DeviceShared, LiveStream};
 use crate::engine::{
     AllocError, Allocation, Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig,
     EngineStats, FreeTag, StreamOrder, StreamSlot,
@@ -1126,13 +1126,19 @@ impl PoolCore {
         if self.native.is_some() {
             return;
         }
+        for (_, live) in self.freeing_live_streams(device) {
+            live.hal.poll_completed();
+        }
+    }
+
+    /// The live streams that freed into this core (read under the lock, returned without it).
+    fn freeing_live_streams(
+        &self,
+        device: &DeviceShared,
+    ) -> smallvec::SmallVec<[(StreamSlot, LiveStream); 8]> {
         let slots: smallvec::SmallVec<[StreamSlot; 8]> =
             self.lock().engine.freeing_streams().collect();
-        for slot in slots {
-            if let Some(live) = device.live_stream(slot) {
-                live.hal.poll_completed();
-            }
-        }
+        slots.into_iter().filter_map(|s| device.live_stream(s).map(|live| (s, live))).collect()
     }
 
     /// What this core keeps (the `keep` of [`Engine::release`]) so that the pool holds
@@ -1196,12 +1202,22 @@ impl PoolCore {
         peers: &[&PoolCore],
         oom: Box<OutOfMemory>,
     ) -> Result<Granted> {
-        let local = on_oom(&oom);
-        let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
-        if local == OomAction::Retry || global == OomAction::Retry {
+        if self.hooks_ask_retry(on_oom, &oom) {
             return self.try_allocate(device, bytes, stream, location, peers);
         }
         Err(Error::OutOfMemory(oom))
+    }
+
+    /// Calls the per-call hook and the pool's hook with the report (both, always: either may
+    /// free memory); whether one of them asks for a retry.
+    fn hooks_ask_retry(
+        &self,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+        oom: &OutOfMemory,
+    ) -> bool {
+        let local = on_oom(oom);
+        let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(oom));
+        local == OomAction::Retry || global == OomAction::Retry
     }
 
     /// [`PoolCore::allocate`] from the driver's own pool (a pool created on the native path).
@@ -1275,9 +1291,7 @@ impl PoolCore {
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         oom: Box<OutOfMemory>,
     ) -> Result<Granted> {
-        let local = on_oom(&oom);
-        let global = self.on_oom.as_ref().map_or(OomAction::Fail, |hook| hook(&oom));
-        if local == OomAction::Retry || global == OomAction::Retry {
+        if self.hooks_ask_retry(on_oom, &oom) {
             return self.allocate_native(native, bytes, stream);
         }
         Err(Error::OutOfMemory(oom))
@@ -1476,13 +1490,8 @@ impl PoolCore {
                 } else {
                     first_pending.clone_from(&info.pending);
                     if settle_completed {
-                        let mut slots: smallvec::SmallVec<[StreamSlot; 8]> =
-                            smallvec::SmallVec::new();
                         for &core in std::iter::once(&self).chain(peers) {
-                            slots.extend(core.lock().engine.freeing_streams());
-                        }
-                        for slot in slots {
-                            if let Some(live) = device.live_stream(slot) {
+                            for (slot, live) in core.freeing_live_streams(device) {
                                 live.hal.poll_completed();
                                 device.observe(slot, live.completed() + 1);
                             }
@@ -1829,21 +1838,22 @@ impl<'d> MemPool<'d> {
     /// Replaces the reuse rules (affects later allocations). A native pool forwards them to
     /// the driver's pool; a failure there is reported at the pool's next fallible call.
     pub fn set_reuse_policy(&self, policy: ReusePolicy) {
-        if let Some(native) = &self.core.native {
-            let switches = [
-                (attr::ReuseFollowEventDependencies::ID, FOLLOW_EVENT_DEPENDENCIES),
-                (attr::ReuseAllowOpportunistic::ID, OPPORTUNISTIC),
-                (attr::ReuseAllowInternalDependencies::ID, INTERNAL_DEPENDENCIES),
-            ];
-            // Switch by switch, the stored policy following each one the driver took, so that
-            // `reuse_policy()` agrees with the driver's pool even when a later one fails.
-            for (id, bit) in switches {
-                let on = policy.bits() & bit != 0;
-                if let Err(e) = native.set_attr(id, u64::from(on)) {
-                    self.core.set_sticky(e.into());
-                    return;
-                }
-                self.core.set_reuse_flag(bit, on);
+        if self.core.native.is_some() {
+            // Switch by switch, as the attributes set them (the driver's pool, then the stored
+            // policy), so that `reuse_policy()` agrees with the driver's pool even when a later
+            // switch fails.
+            use attr::Settable as _;
+            let set =
+                attr::ReuseFollowEventDependencies::set(self, policy.follow_event_dependencies)
+                    .and_then(|()| attr::ReuseAllowOpportunistic::set(self, policy.opportunistic))
+                    .and_then(|()| {
+                        attr::ReuseAllowInternalDependencies::set(
+                            self,
+                            policy.internal_dependencies,
+                        )
+                    });
+            if let Err(e) = set {
+                self.core.set_sticky(e);
             }
             return;
         }
@@ -1957,18 +1967,22 @@ impl<'d> MemPool<'d> {
     /// O(1) in a pool built with [`MemPoolBuilder::raw_pointers`] (its address index), else a
     /// walk over the blocks below `ptr`: a diagnostic, not for a hot path.
     pub fn owns(&self, ptr: DevicePtr) -> Option<u64> {
-        self.cores().find_map(|core| {
-            let offset = ptr.offset_from(core.base).filter(|&o| o < core.max_size)?;
-            core.lock().engine.live_size_at(offset)
-        })
+        let (core, offset) = self.core_of(ptr)?;
+        core.lock().engine.live_size_at(offset)
     }
 
     /// The shard, block and rounded size of the live block that starts at `ptr`.
     fn lookup(&self, ptr: DevicePtr) -> Option<(&PoolCore, BlockId, u64)> {
+        let (core, offset) = self.core_of(ptr)?;
+        let (block, size) = core.lock().engine.lookup(offset)?;
+        Some((core, block, size))
+    }
+
+    /// The core (shard) whose address range holds `ptr`, and its offset there (the shards'
+    /// ranges are separate reservations: at most one holds it).
+    fn core_of(&self, ptr: DevicePtr) -> Option<(&PoolCore, u64)> {
         self.cores().find_map(|core| {
-            let offset = ptr.offset_from(core.base).filter(|&o| o < core.max_size)?;
-            let (block, size) = core.lock().engine.lookup(offset)?;
-            Some((core, block, size))
+            ptr.offset_from(core.base).filter(|&o| o < core.max_size).map(|o| (core, o))
         })
     }
 
