@@ -5,7 +5,6 @@ use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use soma_core::hal::{
@@ -16,6 +15,7 @@ use soma_core::hal::{
 use crate::event::SimEvent;
 use crate::faults::{FaultKind, Faults};
 use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
+use crate::model_delay;
 use crate::sanitizer::{Sanitizer, SanitizerMode, SanitizerReport};
 use crate::stream::{SimStream, StreamShared};
 use crate::LatencyModel;
@@ -203,10 +203,6 @@ impl std::fmt::Debug for SimDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimDevice").field("info", &self.core.info).finish_non_exhaustive()
     }
-}
-
-fn sleep(d: Duration) {
-    crate::model_delay(d);
 }
 
 impl SimDevice {
@@ -414,7 +410,7 @@ impl DeviceHal for SimDevice {
     fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle> {
         self.check_vmm()?;
         bump(&self.core.calls.alloc_physical);
-        sleep(self.core.latency().driver_alloc);
+        model_delay(self.core.latency().driver_alloc);
         // Every call counts towards a fault rule, as in `stats().calls` (and as `map` does):
         // the rule comes before the argument checks.
         if self.core.faults.hit(FaultKind::AllocPhysical) {
@@ -457,7 +453,7 @@ impl DeviceHal for SimDevice {
     fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()> {
         self.check_vmm()?;
         bump(&self.core.calls.map);
-        sleep(self.core.latency().map);
+        model_delay(self.core.latency().map);
         if self.core.faults.hit(FaultKind::Map) {
             return Err(DriverError::Injected(format!("map({va}, {})", handle.0)));
         }
@@ -504,7 +500,7 @@ impl DeviceHal for SimDevice {
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle> {
         self.check_vmm()?;
         bump(&self.core.calls.unmap);
-        sleep(self.core.latency().map);
+        model_delay(self.core.latency().map);
         let a = va.addr();
         let mut st = self.core.state.lock();
         let Some(&(size, h)) = st.mappings.get(&a) else {
@@ -522,7 +518,7 @@ impl DeviceHal for SimDevice {
 
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {
         bump(&self.core.calls.malloc);
-        sleep(self.core.latency().driver_alloc);
+        model_delay(self.core.latency().driver_alloc);
         if self.core.faults.hit(FaultKind::Malloc) {
             return Err(DriverError::Injected(format!("malloc({size})")));
         }
@@ -616,7 +612,7 @@ impl DeviceHal for SimDevice {
             san.check_host("copy_sync", &ranges).map_err(DriverError::InvalidValue)?;
         }
         self.core.memory.check_mapped(&ranges)?;
-        sleep(self.core.latency().copy_time(len));
+        model_delay(self.core.latency().copy_time(len));
         let mut acc =
             self.core.memory.acquire(Owner::Host("copy_sync"), &ranges, false).map_err(host_err)?;
         acc.copy(&d, &s, len)

@@ -5,7 +5,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
@@ -17,6 +16,7 @@ use soma_core::hal::{
 use crate::device::DeviceCore;
 use crate::event::{downcast_event, RecordState};
 use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range};
+use crate::model_delay;
 use crate::sanitizer::{Sanitizer, Stamp};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
@@ -353,10 +353,6 @@ impl Drop for SimStream {
     }
 }
 
-fn sleep(d: Duration) {
-    crate::model_delay(d);
-}
-
 fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
     for Task { pos, kind, stamp } in rx.iter() {
         let name = kind.name();
@@ -439,12 +435,12 @@ fn execute(
     let lat = core.latency();
     match kind {
         TaskKind::Host(f) => {
-            sleep(lat.launch);
+            model_delay(lat.launch);
             f();
             Ok(())
         }
         TaskKind::Kernel(k) => {
-            sleep(lat.launch);
+            model_delay(lat.launch);
             let ranges: Vec<Range> = k
                 .buffers
                 .iter()
@@ -456,7 +452,7 @@ fn execute(
             body(&acc).map_err(|e| e.0)
         }
         TaskKind::Copy { dst, src, len, name } => {
-            sleep(lat.launch);
+            model_delay(lat.launch);
             let mut ranges: smallvec::SmallVec<[Range; 2]> = smallvec::SmallVec::new();
             if let End::Device(a) = dst {
                 ranges.push(Range { addr: a, len, mode: AccessMode::Write });
@@ -466,11 +462,11 @@ fn execute(
             }
             sanitize(s, pos, stamp, name, &ranges)?;
             let mut acc = core.memory.acquire(owner, &ranges, false).map_err(|e| e.message())?;
-            sleep(lat.copy_time(len));
+            model_delay(lat.copy_time(len));
             acc.copy(&dst, &src, len).map_err(|e| e.to_string())
         }
         TaskKind::Memset { dst, value, len } => {
-            sleep(lat.launch);
+            model_delay(lat.launch);
             let r = Range { addr: dst, len, mode: AccessMode::Write };
             sanitize(s, pos, stamp, "memset", &[r])?;
             let mut acc = core.memory.acquire(owner, &[r], false).map_err(|e| e.message())?;
