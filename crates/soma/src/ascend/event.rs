@@ -90,6 +90,17 @@ impl AscendEvent {
         }
     }
 
+    /// The failure a completed record reports: that of a task of its stream before it (a
+    /// record after a failed task does on the software NPU).
+    fn failure(last: &LastRecord) -> DriverResult<()> {
+        match last {
+            Some((stream, position)) => {
+                stream.upgrade().map_or(Ok(()), |s| s.failed_before(*position))
+            }
+            None => Ok(()),
+        }
+    }
+
     fn query_locked(&self, last: &LastRecord) -> DriverResult<bool> {
         if last.is_none() {
             return Ok(true);
@@ -100,10 +111,7 @@ impl AscendEvent {
             unsafe { raw::event::query_status(&self.dev.acl, self.raw.0) }.map_err(map_call_err)?;
         if st == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_COMPLETE {
             Self::completed(last);
-            // A record after a failed task reports the failure, as `synchronize` does.
-            if let Some((stream, position)) = last {
-                stream.upgrade().map_or(Ok(()), |s| s.failed_before(*position))?;
-            }
+            Self::failure(last)?;
             Ok(true)
         } else if st == aclrtEventRecordedStatus::ACL_EVENT_RECORDED_STATUS_NOT_READY {
             Ok(false)
@@ -152,13 +160,7 @@ impl EventHal for AscendEvent {
         // A deferred error is reported only after the wait, which callers count on even when
         // the call fails (the HAL's contract).
         self.dev.check_err()?;
-        // A record after a failed task reports the failure (the software NPU's records do).
-        match &*last {
-            Some((stream, position)) => {
-                stream.upgrade().map_or(Ok(()), |s| s.failed_before(*position))
-            }
-            None => Ok(()),
-        }
+        Self::failure(&last)
     }
 
     fn elapsed_ms(&self, end: &dyn EventHal) -> DriverResult<f32> {
