@@ -96,8 +96,7 @@ impl Trace {
     ///
     /// # Errors
     /// A wrong header, a malformed line, an unknown op, a zero-byte allocation, a free that
-    /// carries bytes, a reused id,
-    /// or a free of an id that is not live.
+    /// carries bytes, a reused id, or a free of an id that is not live.
     pub fn parse(name: &str, text: &str) -> Result<Trace, String> {
         let mut lines = text.lines();
         match lines.next() {

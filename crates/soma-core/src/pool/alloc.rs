@@ -11,15 +11,15 @@ use super::{Granted, MemPool, PoolCore};
 use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
 use crate::device::Device;
 use crate::engine::{BlockId, StreamSlot};
+use crate::error::Result;
+use crate::hal::DevicePtr;
+use crate::stream::Stream;
 
 /// A use of an allocation on another stream: the stream's slot and its global position when
 /// the use was recorded. The position tells the stream apart from a later one in the same slot
 /// (positions of a slot never repeat): a stream that was dropped has drained, and the free
 /// must not wait on whatever stream holds its slot now.
 pub(crate) type StreamUse = (StreamSlot, u64);
-use crate::error::Result;
-use crate::hal::DevicePtr;
-use crate::stream::Stream;
 
 /// An allocation from a [`MemPool`], usable on its stream and freed onto it when dropped.
 ///

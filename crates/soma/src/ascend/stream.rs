@@ -20,9 +20,8 @@
 //! completed later than they are, which costs reuse opportunities, never safety. Before it
 //! releases memory (`trim_to`, the release threshold) the pool polls the streams that freed
 //! into it ([`StreamHal::poll_completed`]: one `aclrtStreamQuery`), so that memory the device
-//! is done with goes back. No host
-//! function is enqueued per task to track completion (host functions cost a runtime thread
-//! round trip on Ascend).
+//! is done with goes back. No host function is enqueued per task to track completion (host
+//! functions cost a runtime thread round trip on Ascend).
 
 use std::any::Any;
 use std::ffi::c_void;
