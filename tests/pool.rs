@@ -246,29 +246,10 @@ fn eligible_frees_of_two_streams_merge_when_the_pool_is_out_of_memory() {
     }
 }
 
-/// A host function that blocks `stream` until the sender is dropped (or 30 s pass); the flag
-/// tells whether it has returned.
-fn held(
-    stream: &soma::Stream<'_>,
-) -> (std::sync::mpsc::Sender<()>, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let done = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = std::sync::Arc::clone(&done);
-    stream
-        .host_fn(move || {
-            let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
-            flag.store(true, Ordering::SeqCst);
-        })
-        .unwrap();
-    (tx, done)
-}
-
 /// Merging eligible frees when out of memory waits for no stream: not the one that took a
 /// dropped freeing stream's slot (it never used the pool), not the requesting stream itself.
 #[test]
 fn merging_eligible_frees_waits_for_no_stream() {
-    use std::sync::atomic::Ordering;
     let npu = npu();
     let dev = device_of(&npu);
     for allocate_on_held in [false, true] {
@@ -295,11 +276,11 @@ fn merging_eligible_frees_waits_for_no_stream() {
         wait_device_only(&s2);
         let requester = if allocate_on_held { &s1 } else { &t };
         let holder = if allocate_on_held { &s1 } else { &v };
-        let (open, released) = held(holder);
+        let gate = Gate::close(holder);
         let both = pool.alloc_async::<u8>(1536 << 10, requester);
-        assert!(!released.load(Ordering::SeqCst), "the allocation waited for a held stream");
+        assert!(!gate.passed(), "the allocation waited for a held stream");
         assert!(both.is_ok(), "{:?}", both.as_ref().err().map(ToString::to_string));
-        drop(open);
+        gate.open();
         drop((both, live));
     }
 }

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use soma::{Device, Stream};
@@ -20,21 +21,31 @@ pub fn npu_with_capacity(capacity: u64) -> soma::sim::Npu {
 /// enqueued after it — including frees — is deterministically not complete.
 pub struct Gate {
     tx: Option<mpsc::Sender<()>>,
+    passed: Arc<AtomicBool>,
 }
 
 impl Gate {
     pub fn close(stream: &Stream<'_>) -> Gate {
         let (tx, rx) = mpsc::channel::<()>();
+        let passed = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&passed);
         stream
             .host_fn(move || {
                 let _ = rx.recv_timeout(Duration::from_secs(30));
+                flag.store(true, Ordering::SeqCst);
             })
             .expect("enqueue gate");
-        Gate { tx: Some(tx) }
+        Gate { tx: Some(tx), passed }
     }
 
     pub fn open(mut self) {
         self.tx.take();
+    }
+
+    /// Whether the stream got past the gate (it was opened, or it timed out): a call that
+    /// returned while this is false did not wait for the gated stream.
+    pub fn passed(&self) -> bool {
+        self.passed.load(Ordering::SeqCst)
     }
 }
 
