@@ -1,5 +1,4 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -25,6 +24,8 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// Closes a gate on `stream`: its worker waits in a host function until the gate is
+    /// opened or dropped (or 30 s have passed, so that a broken test fails instead of hanging).
     pub fn close(stream: &Stream<'_>) -> Gate {
         let (tx, rx) = mpsc::channel::<()>();
         let passed = Arc::new(AtomicBool::new(false));
@@ -38,6 +39,7 @@ impl Gate {
         Gate { tx: Some(tx), passed }
     }
 
+    /// Opens the gate: the stream's worker goes on.
     pub fn open(mut self) {
         self.tx.take();
     }
@@ -68,6 +70,7 @@ pub fn wait_device_only(stream: &Stream<'_>) {
     }
 }
 
+/// Device 0 of `npu`.
 pub fn device_of(npu: &soma::sim::Npu) -> Device {
     npu.device(0).expect("device 0")
 }

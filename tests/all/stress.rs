@@ -13,15 +13,15 @@
 //! `SOMA_STRESS_SECS` seconds with 8 threads; without the variable it returns at once:
 //!
 //! ```text
-//! SOMA_STRESS_SECS=300 cargo test --release --test stress stress_long -- --nocapture
+//! SOMA_STRESS_SECS=300 cargo test --release --test all stress_long -- --nocapture
 //! ```
-
-mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use soma::{KernelArg, MemPool, PoolAlloc, ReusePolicy, Stream};
+
+use crate::common;
 
 /// Counters of one run.
 #[derive(Default)]

@@ -1,12 +1,11 @@
 //! Pool behaviour on the software NPU: integrity, thresholds, trim, OOM, alignment, bad
 //! sizes, attributes, compaction, packing when empty, concurrency.
 
-mod common;
-
-use common::{device_of, npu, npu_with_capacity, wait_device_only, Gate};
 use soma::{attr, Error, KernelArg, MemPool, ReusePolicy};
 use soma_tools::baselines::SomaApi;
 use soma_tools::workload::{random_allocations, replay, SEED};
+
+use crate::common::{device_of, npu, npu_with_capacity, wait_device_only, Gate};
 
 const MIB: u64 = 1 << 20;
 

@@ -1,14 +1,13 @@
 //! The stream-order sanitizer over real pools: planted bugs must each be caught, and the pool
 //! test suite's stream-ordered patterns must run clean with the sanitizer failing streams.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{wait_device_only, Gate};
 use soma::hal::{AccessMode, BufferAccess, DevicePtr, DriverError, KernelLaunch};
 use soma::sim::{Npu, ReportKind, SanitizerMode, SimDevice};
 use soma::{attr, Error, KernelArg, MemPool, ReusePolicy, Stream};
+
+use crate::common::{wait_device_only, Gate};
 
 const MIB: usize = 1 << 20;
 

@@ -4,10 +4,9 @@
 //! pointer; when no rule allows it, the pool must map fresh memory at another address. Frees
 //! are kept incomplete with a [`Gate`] so that only the rule under test can justify reuse.
 
-mod common;
-
-use common::{device_of, npu, wait_device_only, Gate};
 use soma::{MemPool, ReusePolicy};
+
+use crate::common::{device_of, npu, wait_device_only, Gate};
 
 const MIB: usize = 1 << 20;
 

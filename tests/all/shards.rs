@@ -5,9 +5,9 @@
 //! Sizes are whole 2 MiB granules, so that growth leaves no untagged remainder in a shard
 //! (untagged free memory is reusable by every stream, in any shard).
 
-mod common;
-
 use soma::{Error, MemPool, ReusePolicy, Stream};
+
+use crate::common;
 
 const MIB: usize = 1 << 20;
 const GRANULE: usize = 2 * MIB;

@@ -23,7 +23,7 @@
 //!
 //! The allocations are raw (`alloc_raw` / `free_raw` on `raw_pointers` pools) so that a
 //! program can free an allocation on any stream and drop streams freely; the typed
-//! `PoolAlloc` path is exercised by `tests/stress.rs` and the other integration tests.
+//! `PoolAlloc` path is exercised by the `stress` module and the other integration tests.
 //!
 //! Cases: 64 by default (`PROPTEST_CASES` overrides), at most 40 steps each.
 

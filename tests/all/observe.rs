@@ -1,15 +1,13 @@
 //! Observability: history exports (JSON lines, Chrome trace, replay CSV, SVG), snapshots,
 //! statistics and the out-of-memory report, checked against the pool's own state.
 
-mod common;
-
 use std::collections::HashMap;
 
 use serde_json::Value;
 use soma::{Error, MemPool, ReusePolicy};
 use soma_core::observe::{BlockStatus, PendingFree, RecordKind, SvgOptions};
 
-use common::{device_of, npu, Gate};
+use crate::common::{device_of, npu, Gate};
 
 const MIB: u64 = 1 << 20;
 

@@ -22,8 +22,8 @@ fn capi_library() -> PathBuf {
     panic!("libascendcl.so (soma-capi) not found next to {}", exe.display());
 }
 
-/// The tests of this binary share one runtime (the library's process-wide state), whose
-/// stream limit counts every test's streams: they run one at a time.
+/// The tests of this module share one runtime (the library's process-wide state, which no
+/// other module loads), whose stream limit counts every test's streams: they run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {

@@ -7,11 +7,10 @@
 //! allocations keep their data, nothing leaks (the device gets everything back after
 //! `trim_to(0)` and the pool's drop), and allocations succeed again once faults are cleared.
 
-mod common;
-
-use common::{device_of, npu_with_capacity};
 use soma::sim::{FaultKind, SimDevice};
 use soma::{attr, DriverAlloc, Error, MemPool, PoolAlloc, PoolStats, Stream};
+
+use crate::common::{device_of, npu_with_capacity};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
