@@ -10,7 +10,7 @@
 use soma::sim::{FaultKind, SimDevice};
 use soma::{attr, DriverAlloc, Error, MemPool, PoolAlloc, PoolStats, Stream};
 
-use crate::common::{device_of, npu_with_capacity};
+use crate::common::{device_of, npu_with_capacity, TestRng};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -38,16 +38,6 @@ fn assert_unchanged(before: &PoolStats, after: &PoolStats) {
     assert_eq!(after.map_calls, before.map_calls, "a failed allocation kept a mapping");
 }
 
-/// A small deterministic generator (the workload must be reproducible for every `k`).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
-}
-
 /// An allocation with the byte every element was set to.
 struct Tagged<'s> {
     alloc: PoolAlloc<'s, u8>,
@@ -72,16 +62,17 @@ fn workload_with_faults(kind: FaultKind, k: u64) -> usize {
     let pool = MemPool::builder().max_size(512 << 20).build(&dev).unwrap();
     // Small segments: more driver calls, so that every k is reached many times.
     let sizes = [512, 4 * KIB, 100 * KIB, MIB, 2 * MIB, 5 * MIB, 9 * MIB];
-    let mut rng = Lcg(k * 31 + kind as u64);
+    // A reproducible workload for every `k`.
+    let mut rng = TestRng::new(k * 31 + kind as u64);
     let mut live: Vec<Vec<Tagged<'_>>> = vec![Vec::new(), Vec::new()];
     let mut failures = 0;
     sim.faults().fail_every(kind, k);
     for step in 0..120u32 {
-        let si = rng.next(2);
+        let si = rng.index(2);
         let s = &streams[si];
-        match rng.next(10) {
+        match rng.below(10) {
             0..=4 => {
-                let size = sizes[rng.next(sizes.len())];
+                let size = sizes[rng.index(sizes.len())];
                 let before = assert_accounting(&pool, &sim);
                 match pool.alloc_async::<u8>(size, s) {
                     Ok(mut alloc) => {
@@ -102,9 +93,9 @@ fn workload_with_faults(kind: FaultKind, k: u64) -> usize {
             }
             5..=7 => {
                 if !live[si].is_empty() {
-                    let i = rng.next(live[si].len());
+                    let i = rng.index(live[si].len());
                     let t = live[si].swap_remove(i);
-                    if rng.next(4) == 0 {
+                    if rng.below(4) == 0 {
                         verify(s, &t);
                     }
                     drop(t);
@@ -112,7 +103,7 @@ fn workload_with_faults(kind: FaultKind, k: u64) -> usize {
             }
             8 => s.synchronize().unwrap(),
             _ => {
-                pool.trim_to(((rng.next(4) * 32) as u64) << 20).unwrap();
+                pool.trim_to((rng.below(4) * 32) << 20).unwrap();
             }
         }
         assert_accounting(&pool, &sim);

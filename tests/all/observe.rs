@@ -7,7 +7,7 @@ use serde_json::Value;
 use soma::{Error, MemPool, ReusePolicy};
 use soma_core::observe::{BlockStatus, PendingFree, RecordKind, SvgOptions};
 
-use crate::common::{device_of, npu, Gate};
+use crate::common::{device_of, npu, Gate, TestRng};
 
 const MIB: u64 = 1 << 20;
 
@@ -489,34 +489,21 @@ fn stats_display_is_a_table_with_human_units() {
     drop(a);
 }
 
-/// A tiny deterministic generator (xorshift64*), so the workload is the same every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 #[test]
 fn stats_snapshot_and_history_agree_under_a_random_workload() {
     let npu = npu();
     let dev = device_of(&npu);
     let streams = [dev.create_stream().unwrap(), dev.create_stream().unwrap()];
     let pool = MemPool::builder().max_size(48 * MIB).history(1 << 16).build(&dev).unwrap();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = TestRng::new(1); // the same workload every run
     let mut live: Vec<soma::PoolAlloc<'_, u8>> = Vec::new();
     let (mut allocs, mut frees, mut ooms) = (0u64, 0u64, 0u64);
     let mut max_used = 0;
     for step in 0..600 {
-        let r = rng.next();
-        let stream = &streams[(r % 2) as usize];
-        match (r >> 8) % 10 {
+        let stream = &streams[rng.index(2)];
+        match rng.below(10) {
             0..=4 => {
-                let bytes = 1 + (rng.next() % (3 * MIB)) as usize;
+                let bytes = 1 + rng.below(3 * MIB) as usize;
                 match pool.alloc_async::<u8>(bytes, stream) {
                     Ok(a) => {
                         allocs += 1;
@@ -527,7 +514,7 @@ fn stats_snapshot_and_history_agree_under_a_random_workload() {
                 }
             }
             5..=8 if !live.is_empty() => {
-                let i = (rng.next() % live.len() as u64) as usize;
+                let i = rng.index(live.len());
                 drop(live.swap_remove(i));
                 frees += 1;
             }

@@ -5,7 +5,7 @@ use soma::{attr, Error, KernelArg, MemPool, ReusePolicy};
 use soma_tools::baselines::SomaApi;
 use soma_tools::workload::{random_allocations, replay, SEED};
 
-use crate::common::{device_of, npu, npu_with_capacity, wait_device_only, Gate};
+use crate::common::{device_of, npu, npu_with_capacity, wait_device_only, Gate, TestRng};
 
 const MIB: u64 = 1 << 20;
 
@@ -445,14 +445,13 @@ fn stats_stay_consistent() {
     let s = dev.create_stream().unwrap();
     let pool = MemPool::builder().max_size(1 << 30).build(&dev).unwrap();
     let mut live = Vec::new();
-    let mut seed = 12345u64;
+    let mut rng = TestRng::new(12345);
     for step in 0..2000 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        if seed >> 63 != 0 || live.is_empty() {
-            let len = 1 + (seed >> 20) as usize % (3 << 20);
+        if rng.below(2) == 1 || live.is_empty() {
+            let len = 1 + rng.index(3 << 20);
             live.push(pool.alloc_async::<u8>(len, &s).unwrap());
         } else {
-            let i = (seed >> 8) as usize % live.len();
+            let i = rng.index(live.len());
             drop(live.swap_remove(i));
         }
         if step % 97 == 0 {
@@ -512,17 +511,16 @@ fn four_threads_four_streams_share_a_pool() {
             let pool = &pool;
             scope.spawn(move || {
                 let s = dev.create_stream().unwrap();
-                let mut seed = t as u64 + 1;
+                let mut rng = TestRng::new(u64::from(t));
                 let mut live: Vec<(u32, soma::PoolAlloc<'_, u32>)> = Vec::new();
                 for i in 0..300u32 {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    let len = 1 + (seed >> 40) as usize % 50_000;
+                    let len = 1 + rng.index(50_000);
                     let sig = (t << 24) | i;
                     let mut a = pool.alloc_async::<u32>(len, &s).unwrap();
                     s.copy_from_host(&mut a, &vec![sig; len]).unwrap();
                     live.push((sig, a));
                     if live.len() > 8 {
-                        let (sig, a) = live.remove((seed >> 8) as usize % live.len());
+                        let (sig, a) = live.remove(rng.index(live.len()));
                         let mut out = vec![0u32; a.len()];
                         s.copy_to_host(&a, &mut out).unwrap();
                         assert!(out.iter().all(|&v| v == sig), "thread {t}: block overwritten");

@@ -7,7 +7,7 @@ use soma::hal::{AccessMode, BufferAccess, DevicePtr, DriverError, KernelLaunch};
 use soma::sim::{Npu, ReportKind, SanitizerMode, SimDevice};
 use soma::{attr, Error, KernelArg, MemPool, ReusePolicy, Stream};
 
-use crate::common::{wait_device_only, Gate};
+use crate::common::{wait_device_only, Gate, TestRng};
 
 const MIB: usize = 1 << 20;
 
@@ -547,30 +547,24 @@ fn random_steps<'s>(
     pool: &'s MemPool<'s>,
     live: &mut Live<'s>,
 ) {
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
-    let n = streams.len() as u64;
+    let mut rng = TestRng::new(seed);
+    let n = streams.len();
     for step in 0..steps {
-        match next(10) {
+        match rng.below(10) {
             0..=2 => {
-                let s = &streams[next(n) as usize];
-                let len = 1 + next(40_000) as usize;
+                let s = &streams[rng.index(n)];
+                let len = 1 + rng.index(40_000);
                 let mut a = pool.alloc_async::<u32>(len, s).unwrap();
                 fill_u32(s, &mut a, step);
                 live.push((step, a));
             }
             3 if !live.is_empty() => {
-                let i = next(live.len() as u64) as usize;
+                let i = rng.index(live.len());
                 drop(live.swap_remove(i));
             }
             4 if !live.is_empty() => {
-                let i = next(live.len() as u64) as usize;
-                let t = &streams[next(n) as usize];
+                let i = rng.index(live.len());
+                let t = &streams[rng.index(n)];
                 t.wait_stream(live[i].1.stream()).unwrap();
                 fill_u32(t, &mut live[i].1, step);
                 live[i].0 = step;
@@ -578,31 +572,31 @@ fn random_steps<'s>(
                 live[i].1.stream().wait_stream(t).unwrap();
             }
             5 if !live.is_empty() => {
-                let i = next(live.len() as u64) as usize;
+                let i = rng.index(live.len());
                 let (v, a) = live.swap_remove(i);
-                let a = a.hand_off(&streams[next(n) as usize]).unwrap();
+                let a = a.hand_off(&streams[rng.index(n)]).unwrap();
                 live.push((v, a));
             }
             6 if !live.is_empty() => {
-                let i = next(live.len() as u64) as usize;
+                let i = rng.index(live.len());
                 let (v, a) = &live[i];
                 let mut out = vec![0u32; a.len()];
                 a.stream().copy_to_host(a, &mut out).unwrap();
                 assert!(out.iter().all(|x| x == v), "seed {seed} step {step}");
             }
             7 => {
-                let (a, b) = (next(n) as usize, next(n) as usize);
+                let (a, b) = (rng.index(n), rng.index(n));
                 let e = streams[a].record_event().unwrap();
                 streams[b].wait_event(&e).unwrap();
-                if next(4) == 0 {
+                if rng.below(4) == 0 {
                     e.synchronize().unwrap();
                 }
             }
-            8 => match next(3) {
-                0 => streams[next(n) as usize].synchronize().unwrap(),
+            8 => match rng.below(3) {
+                0 => streams[rng.index(n)].synchronize().unwrap(),
                 1 => dev.synchronize().unwrap(),
                 _ => {
-                    let _ = streams[next(n) as usize].query().unwrap();
+                    let _ = streams[rng.index(n)].query().unwrap();
                 }
             },
             _ => {

@@ -7,7 +7,7 @@
 
 use soma::{Error, MemPool, ReusePolicy, Stream};
 
-use crate::common;
+use crate::common::{self, TestRng};
 
 const MIB: usize = 1 << 20;
 const GRANULE: usize = 2 * MIB;
@@ -261,17 +261,14 @@ fn concurrent_streams_on_a_sharded_pool_keep_exact_counters() {
         for (i, s) in streams.iter().enumerate() {
             let (pool, streams) = (&pool, &streams);
             sc.spawn(move || {
-                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ i as u64;
+                let mut rng = TestRng::new(i as u64);
                 let mut live = Vec::new();
                 for step in 0..3000 {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    if live.len() < 32 && rng % 4 != 0 {
-                        let len = 1 + (rng >> 8) as usize % (3 * MIB);
+                    if live.len() < 32 && rng.below(4) != 0 {
+                        let len = 1 + rng.index(3 * MIB);
                         live.push(pool.alloc_async::<u8>(len, s).expect("alloc"));
                     } else if !live.is_empty() {
-                        live.swap_remove((rng >> 8) as usize % live.len());
+                        live.swap_remove(rng.index(live.len()));
                     }
                     if step % 50 == 49 {
                         s.wait_stream(&streams[(i + 1) % streams.len()]).unwrap();

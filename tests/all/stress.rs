@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use soma::{KernelArg, MemPool, PoolAlloc, ReusePolicy, Stream};
 
-use crate::common;
+use crate::common::{self, TestRng};
 
 /// Counters of one run.
 #[derive(Default)]
@@ -31,16 +31,6 @@ struct Totals {
     hand_offs: AtomicU64,
     cross_stream_uses: AtomicU64,
     out_of_memory: AtomicU64,
-}
-
-/// A small deterministic generator per thread.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// The value of element `i` of an allocation signed with `sig`.
@@ -94,18 +84,18 @@ fn worker<'p>(
     deadline: Instant,
     totals: &Totals,
 ) {
-    let mut rng = Lcg(u64::from(id).wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1));
+    let mut rng = TestRng::new(u64::from(id));
     let mut held: Vec<Signed<'p>> = Vec::new();
     let mut iteration = 0u32;
     while Instant::now() < deadline {
         iteration = iteration.wrapping_add(1);
         let sig = (id << 24) | (iteration & 0x00ff_ffff);
-        let home = &own[rng.next(2) as usize];
-        let len = match rng.next(16) {
-            0..=5 => 1 + rng.next(64) as usize,
-            6..=11 => 256 + rng.next(4096) as usize,
-            12..=14 => 16_384 + rng.next(65_536) as usize,
-            _ => 262_144 + rng.next(262_144) as usize,
+        let home = &own[rng.index(2)];
+        let len = match rng.below(16) {
+            0..=5 => 1 + rng.index(64),
+            6..=11 => 256 + rng.index(4096),
+            12..=14 => 16_384 + rng.index(65_536),
+            _ => 262_144 + rng.index(262_144),
         };
         let mut alloc = match pool.alloc_async::<u32>(len, home) {
             Ok(a) => a,
@@ -121,26 +111,22 @@ fn worker<'p>(
             Err(e) => panic!("thread {id}: allocation failed: {e}"),
         };
         totals.allocations.fetch_add(1, Ordering::Relaxed);
-        sign(home, &mut alloc, sig, rng.next(2) == 0);
+        sign(home, &mut alloc, sig, rng.below(2) == 0);
         let mut signed = Signed { alloc, sig };
         // Independent rolls: an allocation handed to a shared stream may then be used on the
         // other shared stream, so that several threads record events on, and make, the same
         // shared streams wait at once.
-        if rng.next(3) == 0 {
+        if rng.below(3) == 0 {
             // Move it to the thread's other stream or to a shared one.
-            let to = if rng.next(2) == 0 {
-                &own[0]
-            } else {
-                &shared[rng.next(shared.len() as u64) as usize]
-            };
+            let to = if rng.below(2) == 0 { &own[0] } else { &shared[rng.index(shared.len())] };
             let moved = signed.alloc.hand_off(to).unwrap();
             signed = Signed { alloc: moved, sig };
             totals.hand_offs.fetch_add(1, Ordering::Relaxed);
         }
-        if rng.next(3) == 0 {
+        if rng.below(3) == 0 {
             // Read it on a shared stream after an event wait: the use is recorded, so
             // the free (on its own stream) is ordered after the read.
-            let other = &shared[rng.next(shared.len() as u64) as usize];
+            let other = &shared[rng.index(shared.len())];
             let ev = signed.alloc.stream().record_event().unwrap();
             other.wait_event(&ev).unwrap();
             let (len, sig) = (signed.alloc.len(), sig);
@@ -161,14 +147,14 @@ fn worker<'p>(
         }
         held.push(signed);
         // Keep up to 8 allocations alive; retire a random one (verified first).
-        if held.len() > 8 || rng.next(3) == 0 {
-            let s = held.swap_remove(rng.next(held.len() as u64) as usize);
+        if held.len() > 8 || rng.below(3) == 0 {
+            let s = held.swap_remove(rng.index(held.len()));
             verify(s.alloc.stream(), &s);
             totals.verified.fetch_add(1, Ordering::Relaxed);
             drop(s);
         }
-        if rng.next(64) == 0 {
-            own[rng.next(2) as usize].synchronize().unwrap();
+        if rng.below(64) == 0 {
+            own[rng.index(2)].synchronize().unwrap();
         }
     }
     for s in held.drain(..) {
@@ -330,25 +316,25 @@ fn compaction_keeps_data_under_cross_stream_churn() {
         let pool = MemPool::builder().max_size(256 << 20).reuse(policy).build(&dev).unwrap();
         let streams: Vec<Stream<'_>> = (0..3).map(|_| dev.create_stream().unwrap()).collect();
         let mut rng =
-            Lcg(7 + policy.opportunistic as u64 * 2 + policy.internal_dependencies as u64);
+            TestRng::new(7 + policy.opportunistic as u64 * 2 + policy.internal_dependencies as u64);
         let mut moved = 0;
         for round in 0..40u32 {
             let mut held: Vec<Vec<Signed<'_>>> = (0..3).map(|_| Vec::new()).collect();
             let gates: Vec<common::Gate> = (0..3)
-                .filter(|_| rng.next(2) == 0)
+                .filter(|_| rng.below(2) == 0)
                 .map(|i| common::Gate::close(&streams[i]))
                 .collect();
             for n in 0..24u32 {
-                let si = rng.next(3) as usize;
-                let len = 1024 * (1 + rng.next(32) as usize);
+                let si = rng.index(3);
+                let len = 1024 * (1 + rng.index(32));
                 let mut alloc = pool.alloc_async::<u32>(len, &streams[si]).unwrap();
                 let sig = (round << 16) | n;
-                sign(&streams[si], &mut alloc, sig, rng.next(2) == 0);
+                sign(&streams[si], &mut alloc, sig, rng.below(2) == 0);
                 held[si].push(Signed { alloc, sig });
                 // Free about half of them again, on their stream (pending behind a gate) —
                 // their blocks become holes below later allocations.
-                if rng.next(2) == 0 {
-                    let i = rng.next(held[si].len() as u64) as usize;
+                if rng.below(2) == 0 {
+                    let i = rng.index(held[si].len());
                     drop(held[si].swap_remove(i));
                 }
             }

@@ -1,5 +1,9 @@
 //! Helpers shared by the integration tests.
 
+mod rng;
+
+pub use rng::TestRng;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
