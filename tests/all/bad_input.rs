@@ -1,7 +1,7 @@
 //! Bad input to the Rust API: one table, each row an input, the error it must get, and the
 //! check that nothing changed (pool statistics, device memory and reservations before and
-//! after are equal). DESIGN.md §7: every public entry point returns an error for bad input
-//! instead of panicking or corrupting state.
+//! after are equal): every public entry point returns an error for bad input instead of
+//! panicking or corrupting state.
 //!
 //! The table is documented in `docs/semantics.md`, section "Bad input"; run with
 //! `--nocapture` to print it as markdown.

@@ -224,8 +224,9 @@ fn the_ring_keeps_the_last_records_and_exports_stay_valid() {
     assert_eq!(log.to_json_lines().lines().count(), 8);
 }
 
-/// `(op, id, bytes, stream)` rows of a trace CSV, checking the format of
-/// `/work/shared/traces/README.md`.
+/// `(op, id, bytes, stream)` rows of a trace CSV, checking its format: the header
+/// `op,id,bytes,stream`, then `a,<id>,<bytes>,<stream>` for an allocation (ids count up from
+/// 0 in allocation order, bytes > 0) and `f,<id>,0,<stream>` for the free of a live one.
 fn parse_trace_csv(text: &str) -> Vec<(char, u64, u64, u64)> {
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("op,id,bytes,stream"));

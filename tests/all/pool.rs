@@ -159,8 +159,9 @@ fn out_of_memory_waits_for_pending_frees_of_other_streams() {
     let pool = MemPool::builder().max_size(16 * MIB).reuse(ReusePolicy::NONE).build(&dev).unwrap();
     let a = pool.alloc_async::<u8>(12 * MIB as usize, &s1).unwrap();
     let gate = Gate::close(&s1);
-    drop(a); // pending on s1 behind the gate, not eligible for s2 by any rule
-             // The allocation below must wait for s1: open the gate from another thread meanwhile.
+    // Pending on s1 behind the gate, not eligible for s2 by any rule.
+    drop(a);
+    // The allocation below must wait for s1: open the gate from another thread meanwhile.
     let opener = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(50));
         gate.open();
@@ -192,9 +193,10 @@ fn out_of_memory_releases_every_free_segment_before_waiting() {
     let live = pool.alloc_async::<u8>(two, &s1).unwrap(); // [4, 6), stays
     let c = pool.alloc_async::<u8>(two, &s1).unwrap(); // [6, 8)
     drop((a, b, c));
-    wait_device_only(&s1); // the three frees are complete; the host has not observed them
-                           // Later work on s1 that a wait for s1 would block on (the gate opens itself after 30 s, so
-                           // a regression fails below instead of hanging).
+    // The three frees are complete; the host has not observed them.
+    wait_device_only(&s1);
+    // Later work on s1 that a wait for s1 would block on (the gate opens itself after 30 s, so
+    // a pool that waits fails below instead of hanging).
     let gate = Gate::close(&s1);
     // Releasing the highest 4 MiB first gives [6, 8) and [2, 4): no 4 MiB hole. Releasing
     // [0, 2) too gives [0, 4).

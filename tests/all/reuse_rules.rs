@@ -1,4 +1,9 @@
-//! The four reuse rules of DESIGN.md §4, each on and off, on the software NPU.
+//! The four reuse rules, each on and off, on the software NPU. A block freed on stream S may
+//! go to an allocation on stream T when: (1) T is S (always on); (2) following event
+//! dependencies, T waited on an event recorded on S after the free; (3) opportunistically,
+//! the free has completed on the device; (4) with internal dependencies, the pool makes T
+//! wait on an event it records on S after the free. A free the host has observed (a
+//! synchronisation, or its stream dropped) is reusable by every stream.
 //!
 //! A freed block is "reused" when the next allocation of the same size gets the same device
 //! pointer; when no rule allows it, the pool must map fresh memory at another address. Frees

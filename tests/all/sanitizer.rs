@@ -365,8 +365,9 @@ fn uses_recorded_concurrently_from_several_threads_all_order_the_free() {
 
 #[test]
 fn the_pool_suites_cross_stream_write_of_a_fresh_block() {
-    // tests/reuse_rules.rs: x is written on s2 without an explicit event; soma's API makes
-    // that first use wait for the allocation point, so both sanitizer modes accept it.
+    // The `reuse_rules` module's case: x is written on s2 without an explicit event; soma's
+    // API makes that first use wait for the allocation point, so both sanitizer modes accept
+    // it.
     for strict in [false, true] {
         let npu = Npu::builder()
             .capacity(1 << 30)
@@ -696,11 +697,12 @@ fn planted_bugs_after_random_programs_are_always_caught() {
 
 #[test]
 fn a_use_enqueued_right_after_a_synchronize_is_not_ordered_before_a_free() {
-    // Found as a flake of the test above (seed 1, bug 2: about 1 run in 30): when the random
-    // prefix ended with a synchronize of `t` and `t.wait_stream(s)` needed no wait task (the
-    // record had completed), the raw fill took the position just past the host's observation
-    // of `t`, which the sanitizer counted as observed (an off-by-one between its exclusive
-    // bounds and an inclusive comparison), so the unordered free went unreported.
+    // The test above in one of its timings (seed 1, bug 2, about 1 run in 30), made
+    // deterministic: the prefix ends with a synchronize of `t` and `t.wait_stream(s)` needs
+    // no wait task (the record has completed), so the raw fill takes the position just past
+    // the host's observation of `t`. That position is not observed (the sanitizer's bounds
+    // are exclusive; an inclusive comparison would count it), and the unordered free must be
+    // reported.
     let npu = npu(SanitizerMode::Report);
     let dev = npu.device(0).unwrap();
     let s = dev.create_stream().unwrap();
@@ -719,8 +721,8 @@ fn a_use_enqueued_right_after_a_synchronize_is_not_ordered_before_a_free() {
 
 #[test]
 fn a_raw_free_on_an_unordered_stream_lets_a_reuse_race_with_the_previous_owner() {
-    // Found by running tests/state_machine.rs under the sanitizer. Block B is used and freed
-    // on s1 (its work still queued), reused on s1 (same stream), then that allocation is
+    // A program of the `state_machine` property test under the sanitizer. Block B is used and
+    // freed on s1 (its work still queued), reused on s1 (same stream), then that allocation is
     // freed raw onto s2, which is not ordered after s1. The pool tags the block with s2's
     // free only, so s3 (ordered after s2 by an event) gets it, while s1's first owner may
     // still be running: the sanitizer reports s3's use.

@@ -273,12 +273,12 @@ fn stress_short_sanitized() {
     run_sanitized(1, Duration::from_millis(500));
 }
 
-/// Several host threads enqueue on the same shared streams under the sanitizer. The pool
-/// once stamped a free with the stream's position (`FreeTag`) but re-read
-/// `stream.hal().enqueued()` for its `PoolAnnotation::Free` later, under the pool lock: a task
-/// another thread enqueued in between moved the sanitizer's free point after the pool's, and
-/// a reuse justified by the pool's earlier tag was reported as `UnorderedReuse` (a false
-/// positive, about once per 40 s of 8 threads). Both now come from one read. Runs for
+/// Several host threads enqueue on the same shared streams under the sanitizer. The pool's
+/// tag of a free (`FreeTag`) and its `PoolAnnotation::Free` must come from one read of the
+/// stream's position: were the annotation to re-read `stream.hal().enqueued()` later, under
+/// the pool lock, a task another thread enqueued in between would move the sanitizer's free
+/// point after the pool's, and a reuse justified by the pool's tag would be reported as
+/// `UnorderedReuse` (a false positive, about once per 40 s of 8 threads). Runs for
 /// `SOMA_STRESS_SECS` (default 5) seconds.
 #[test]
 fn sanitizer_is_quiet_with_threads_sharing_streams() {
@@ -358,8 +358,8 @@ fn compaction_keeps_data_under_cross_stream_churn() {
 }
 
 /// `compact` copies an allocation to its new block on the compacting stream; the copy must be
-/// ordered after the allocation's recorded uses on other streams (it once was not: a write
-/// enqueued on another stream before the compaction landed in the old block after the copy).
+/// ordered after the allocation's recorded uses on other streams (otherwise a write enqueued
+/// on another stream before the compaction lands in the old block after the copy).
 #[test]
 fn compaction_copies_after_other_streams_uses() {
     let npu = common::npu_with_capacity(1 << 30);

@@ -86,10 +86,10 @@ fn scripted_internal_dependency_with(shards: u8) {
     run_case(&case).unwrap();
 }
 
-/// Found by the property test (5000 cases): after an internal dependency, the requesting
-/// stream is ordered after the block's stream up to the inserted record, so a later block
-/// freed there before that record is reusable by rule 2. The model must learn the inserted
-/// wait even when it justified the first block by another rule.
+/// A program of the property test (one in 5000 cases): after an internal dependency, the
+/// requesting stream is ordered after the block's stream up to the inserted record, so a
+/// later block freed there before that record is reusable by rule 2. The model must learn the
+/// inserted wait even when it justified the first block by another rule.
 #[test]
 fn scripted_rule_two_after_an_internal_dependency() {
     let pool = PoolCfg {
