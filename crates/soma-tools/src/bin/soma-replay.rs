@@ -7,8 +7,11 @@
 //!             [--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
 //! ```
 //!
+//! The workspace's own traces are in `data/traces/` (their README gives the format), e.g.
+//! `cargo run --release -p soma-tools --bin soma-replay -- data/traces/bert_base_infer.csv.gz`.
+//!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). Without `--streams` the trace's
-//! `stream` column decides: each distinct value is a stream of its own (the shared traces
+//! `stream` column decides: each distinct value is a stream of its own (the bundled traces
 //! name one; a pool's `history_trace_csv` names the streams it saw), and an op runs on its
 //! recorded stream. With `--streams N` op `k` of the trace runs on stream `k mod N`
 //! instead: an allocation is made there, and a free on another stream than the allocation's
@@ -57,7 +60,8 @@ struct Args {
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
 [--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]";
+[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
+traces: the workspace's own are data/traces/*.csv.gz (format in data/traces/README.md)";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
