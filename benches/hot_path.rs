@@ -64,15 +64,16 @@ fn hot(c: &mut Criterion) {
         run(&mut g, OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live);
         run(&mut g, Tlsf::new(RANGE), live);
         run(&mut g, SomaReplica::new(1 << 46), live);
-        // The seed's state is built directly (a million merge passes would take hours); it
-        // is the state its API reaches: n holes of 512 B at every other block, then the tail.
+        // The first-fit free list's state is built directly (a million merge passes would
+        // take hours); it is the state its API reaches: n holes of 512 B at every other
+        // block, then the tail.
         let holes: Vec<(u64, u64)> = (0..live as u64)
             .map(|k| (2 * k * UNIT, UNIT))
             .chain(std::iter::once((2 * live as u64 * UNIT, RANGE - 2 * live as u64 * UNIT)))
             .collect();
-        let mut seed = SeedFirstFit::from_free_list(holes, 2 * live as u64 * UNIT);
-        pair(&mut g, &mut seed, live);
-        drop(seed);
+        let mut first_fit = SeedFirstFit::from_free_list(holes, 2 * live as u64 * UNIT);
+        pair(&mut g, &mut first_fit, live);
+        drop(first_fit);
         if live <= 10_000 {
             run(&mut g, DriverPath::new(&**dev.hal(), dev.info().granularity), live);
         }

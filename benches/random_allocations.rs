@@ -29,17 +29,17 @@
 //! the first / second replay). A run with a benchmark filter measures only the selected
 //! (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
-//! Interleaved rounds: after criterion, the cell's fast allocators (every one but the seed's
-//! first fit and the driver path) replay in [`common::ROUNDS`] rounds, one timed replay each per
-//! round, in an order that rotates from round to round. On a shared machine whose load moves
+//! Interleaved rounds: after criterion, the cell's fast allocators (every one but the
+//! first-fit free list and the driver path) replay in [`common::ROUNDS`] rounds, one timed
+//! replay each per round, in an order that rotates from round to round. On a shared machine whose load moves
 //! between criterion's runs of two allocators, the ratio of two figures of the same round is
 //! far steadier than the ratio of two criterion means taken minutes apart. Recorded per cell
 //! as `paired_ns_per_op` (allocator → ns per op of each round, in round order).
 //!
 //! The driver path runs only for n ≤ 10 000 (about 6 µs per call on soma-sim: the
-//! n = 100 000 cells would take minutes); the seed's first fit only where its O(free-list)
-//! cost keeps one replay under ~2 s (n ≤ 10 000, and n = 100 000 with max_size ≥ 64 MiB,
-//! where the byte cap keeps the list short).
+//! n = 100 000 cells would take minutes); the first-fit free list only where its
+//! O(free-list) cost keeps one replay under ~2 s (n ≤ 10 000, and n = 100 000 with
+//! max_size ≥ 64 MiB, where the byte cap keeps the list short).
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]

@@ -1,6 +1,5 @@
-//! Figure 3 — the real PyTorch allocator traces of `../shared/traces/` (relative to the
-//! repository root; `$SOMA_TRACES` overrides; `.csv` and `.csv.gz`; skipped with a printed
-//! reason when absent), replayed on every allocator.
+//! Figure 3 — the real PyTorch allocator traces of `data/traces/` (`$SOMA_TRACES` names
+//! another directory; `.csv` and `.csv.gz`), replayed on every allocator.
 //!
 //! Time: one criterion iteration = one whole replay on a fresh allocator; the time reported
 //! is divided by the trace's number of ops (ns per op). Ids: `trace/<allocator>/<trace>`.
@@ -33,14 +32,14 @@ use soma_tools::workload::{free_all, replay};
 
 use common::RANGE;
 
-/// Times replays of `t`, each on a fresh allocator from `make`.
+/// Times replays of `t`, each on a fresh allocator from `make`, under the allocator's name.
 fn bench<A: Allocator>(
     g: &mut BenchmarkGroup<'_, WallTime>,
-    name: &str,
     t: &Trace,
     mut make: impl FnMut() -> A,
 ) {
     let ops = t.ops.len() as u32;
+    let name = make().name();
     g.bench_function(BenchmarkId::new(name, &t.name), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -92,13 +91,7 @@ fn memory<A: Allocator>(mut a: A, t: &Trace, extra: impl FnOnce(&A) -> String) -
 
 fn traces(c: &mut Criterion) {
     let dir = default_trace_dir(&common::repo_root());
-    let paths = match find_traces(&dir) {
-        Ok(p) => p,
-        Err(reason) => {
-            println!("trace benchmarks skipped: {reason}");
-            return;
-        }
-    };
+    let paths = find_traces(&dir).unwrap_or_else(|reason| panic!("trace benchmarks: {reason}"));
     let npu = common::npu();
     let dev = npu.device(0).expect("device");
     let s = dev.create_stream().expect("stream");
@@ -159,17 +152,17 @@ fn traces(c: &mut Criterion) {
         // Time.
         bench_api(&mut g, &t, &dev, &s, true);
         bench_api(&mut g, &t, &dev, &s, false);
-        bench(&mut g, "soma-engine", &t, || SomaEngine::new(RANGE, 512));
-        bench(&mut g, "soma-engine-retain", &t, || SomaEngine::with_recycling(RANGE, 512, false));
-        bench(&mut g, "offset-allocator", &t, || OffsetAlloc::new(RANGE, max_allocs));
-        bench(&mut g, "tlsf", &t, || Tlsf::new(RANGE));
-        bench(&mut g, "soma-replica", &t, || SomaReplica::new(1 << 46));
-        bench(&mut g, "seed-first-fit", &t, || SeedFirstFit::new(RANGE));
-        bench(&mut g, "driver", &t, || DriverPath::new(&**dev.hal(), dev.info().granularity));
+        bench(&mut g, &t, || SomaEngine::new(RANGE, 512));
+        bench(&mut g, &t, || SomaEngine::with_recycling(RANGE, 512, false));
+        bench(&mut g, &t, || OffsetAlloc::new(RANGE, max_allocs));
+        bench(&mut g, &t, || Tlsf::new(RANGE));
+        bench(&mut g, &t, || SomaReplica::new(1 << 46));
+        bench(&mut g, &t, || SeedFirstFit::new(RANGE));
+        bench(&mut g, &t, || DriverPath::new(&**dev.hal(), dev.info().granularity));
     }
     g.finish();
     // `$SOMA_TRACES_JSON` names the file (without `.json`) for a second set of traces, so
-    // that it does not overwrite the shared traces' figures.
+    // that it does not overwrite the bundled traces' figures.
     let name = std::env::var("SOMA_TRACES_JSON").unwrap_or_else(|_| "traces".into());
     common::write_json(&name, &format!("[{}]\n", out.join(",\n")));
 }

@@ -1,10 +1,11 @@
-//! The seed's scenario: LLaMA-7B-shaped decoding on the software NPU, with realistic driver
-//! latencies, once allocating every tensor through the plain driver (`malloc` / synchronise /
-//! `free`, as code without a pool must) and once through soma's stream-ordered pools.
+//! LLaMA-7B-shaped decoding on the software NPU, with realistic driver latencies, once
+//! allocating every tensor through the plain driver (`malloc` / synchronise / `free`, as code
+//! without a pool must) and once through soma's stream-ordered pools.
 //!
 //! ```sh
-//! cargo run --release --example llama_decode            # about 15 s
-//! cargo run --release --example llama_decode -- --quick # a few steps of each, for CI
+//! cargo run --release --example llama_decode                 # 6 + 64 decode steps
+//! cargo run --release --example llama_decode -- --quick      # 2 + 8 steps
+//! cargo run --release --example llama_decode -- --out DIR    # pictures into DIR
 //! ```
 //!
 //! What it allocates, per decode step (batch 1, fp16 shapes stored as `f32` activations):
@@ -15,10 +16,13 @@
 //! the KV cache, so both runs must produce the same tokens.
 //!
 //! Each run also draws its memory timeline (used and reserved bytes over time, live
-//! allocations stacked as bands) to `docs/img/llama_decode_driver.svg` and
-//! `docs/img/llama_decode_pool.svg` (with `--quick`: to the system's temporary directory):
-//! the pool run from the activation pool's own history, the driver run from a
-//! [`History`] that the demo fills itself at every allocation and free.
+//! allocations stacked as bands) to `llama_decode_driver.svg` and `llama_decode_pool.svg` in
+//! the output directory, which the demo prints: `--out DIR`, else `llama_decode/` in the
+//! target directory (`$CARGO_TARGET_DIR`, else the workspace's `target/`), so that a run
+//! never writes over files of the checkout. The pool run's picture comes from the
+//! activation pool's own history, the driver run's from a [`History`] that the demo fills
+//! itself at every allocation and free. `scripts/refresh-doc-images.sh` runs the demo with
+//! `--out docs/img` to refresh the pictures of the README.
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -37,6 +41,12 @@ const VOCAB: usize = 32000;
 const PROMPT: usize = 96;
 const KV_BLOCK: usize = 16;
 const WEIGHT_BYTES_PER_ELEM: usize = 2; // fp16
+/// The weights' pool: room for the 13.5 GB of weights.
+const WEIGHTS_POOL_MAX: u64 = 16 << 30;
+/// The activations' and KV caches' pool.
+const ACTIVATIONS_POOL_MAX: u64 = 8 << 30;
+/// Events the activation pool's history keeps: enough for the whole run.
+const HISTORY_EVENTS: usize = 1 << 17;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -463,10 +473,35 @@ fn driver_calls(sim: &SimDevice) -> u64 {
     c.malloc + c.free + c.alloc_physical + c.free_physical + c.map + c.unmap
 }
 
+/// Runs `steps` decode steps after the prompt, printing progress under the run's `label`.
+fn decode<'s, A: TensorAlloc<'s>>(
+    a: &A,
+    s: &Stream<'_>,
+    label: &str,
+    steps: usize,
+    caches: &mut Vec<KvCache<A::Buf<f32>>>,
+) -> Result<Vec<u32>> {
+    let every = steps.div_ceil(8).max(1);
+    let mut token = 1u32;
+    let mut tokens = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let t = Instant::now();
+        token = decode_step(a, s, token, PROMPT + step, caches)?;
+        tokens.push(token);
+        if step == 0 || (step + 1) % every == 0 || step + 1 == steps {
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            println!("{label}: step {}/{steps}: token {token}, {ms:.1} ms", step + 1);
+        }
+    }
+    Ok(tokens)
+}
+
 fn run_driver(npu: &Npu, steps: usize) -> Result<RunReport> {
+    const LABEL: &str = "driver path";
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
+    println!("{LABEL}: loading the weights, one driver allocation per tensor");
     let t = Instant::now();
     // Weights: u16 stands in for fp16; allocated once, never written.
     let weights: Vec<DriverAlloc<'_, u16>> = weight_shapes()
@@ -485,16 +520,15 @@ fn run_driver(npu: &Npu, steps: usize) -> Result<RunReport> {
         stream_id: s.id(),
         start: Instant::now(),
     };
+    println!(
+        "{LABEL}: weights loaded in {} ms; allocating the prompt's KV caches",
+        weights_load.as_millis()
+    );
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
     let calls0 = driver_calls(&sim);
-    let mut token = 1u32;
-    let mut tokens = Vec::new();
     let t = Instant::now();
-    for step in 0..steps {
-        token = decode_step(&path, &s, token, PROMPT + step, &mut caches)?;
-        tokens.push(token);
-    }
+    let tokens = decode(&path, &s, LABEL, steps, &mut caches)?;
     let wall = t.elapsed();
     let report = RunReport {
         name: "driver malloc/free",
@@ -531,13 +565,17 @@ fn prompt_caches<'s, A: TensorAlloc<'s>>(
 }
 
 fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
+    const LABEL: &str = "soma pools";
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
     // Weights live as long as the model: one map call per tensor is enough.
-    let weights_pool = MemPool::builder().max_size(16 << 30).segments_per_growth(1).build(&dev)?;
-    // The history (the last 2^17 events, enough for the whole run) draws the timeline.
-    let acts_pool = MemPool::builder().max_size(8 << 30).history(1 << 17).build(&dev)?;
+    let weights_pool =
+        MemPool::builder().max_size(WEIGHTS_POOL_MAX).segments_per_growth(1).build(&dev)?;
+    // The history draws the timeline.
+    let acts_pool =
+        MemPool::builder().max_size(ACTIVATIONS_POOL_MAX).history(HISTORY_EVENTS).build(&dev)?;
+    println!("{LABEL}: loading the weights into the weights' pool");
     let t = Instant::now();
     let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
         .into_iter()
@@ -550,16 +588,15 @@ fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
         clock: Cell::new(Duration::ZERO),
         live: Cell::new((0, 0)),
     };
+    println!(
+        "{LABEL}: weights loaded in {} ms; allocating the prompt's KV caches",
+        weights_load.as_millis()
+    );
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
     let calls0 = driver_calls(&sim);
-    let mut token = 1u32;
-    let mut tokens = Vec::new();
     let t = Instant::now();
-    for step in 0..steps {
-        token = decode_step(&path, &s, token, PROMPT + step, &mut caches)?;
-        tokens.push(token);
-    }
+    let tokens = decode(&path, &s, LABEL, steps, &mut caches)?;
     let wall = t.elapsed();
     let stats = acts_pool.stats();
     println!("\nactivation pool after the pool run:\n{stats}\n");
@@ -596,19 +633,110 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
-fn main() -> Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let (driver_steps, pool_steps) = if quick { (2, 8) } else { (6, 64) };
-    let npu = Npu::builder().latency(LatencyModel::ascend_like()).build()?;
-    let weights_gb = weight_shapes().iter().sum::<usize>() * WEIGHT_BYTES_PER_ELEM;
-    println!(
-        "LLaMA-7B decode on the software NPU: {LAYERS} layers, hidden {HIDDEN}, {:.1} GB of weights, prompt {PROMPT} tokens",
-        weights_gb as f64 / 1e9
-    );
-    println!("latency model: {:?}\n", LatencyModel::ascend_like());
+fn gib(b: u64) -> String {
+    format!("{} GiB", b >> 30)
+}
 
-    let driver = run_driver(&npu, driver_steps)?;
-    let pool = run_pool(&npu, pool_steps)?;
+const USAGE: &str = "usage: llama_decode [--quick] [--out DIR]
+  --quick    2 decode steps through the driver and 8 through the pools (default 6 and 64)
+  --out DIR  where the memory timelines go (default: llama_decode/ in the target directory)";
+
+/// The command line: decode steps of each run and the output directory.
+struct Options {
+    driver_steps: usize,
+    pool_steps: usize,
+    out: PathBuf,
+}
+
+impl Options {
+    fn parse() -> Result<Options> {
+        let mut o = Options { driver_steps: 6, pool_steps: 64, out: default_out_dir() };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--quick" => (o.driver_steps, o.pool_steps) = (2, 8),
+                "--out" => o.out = args.next().ok_or(USAGE)?.into(),
+                "--help" | "-h" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                _ => return Err(format!("unknown argument {a:?}\n{USAGE}").into()),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// `llama_decode/` in the target directory: `$CARGO_TARGET_DIR` (relative to the workspace
+/// when relative), else the workspace's `target/`.
+fn default_out_dir() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), |dir| workspace.join(dir));
+    target.join("llama_decode")
+}
+
+/// The latency model in words.
+fn describe_latency(m: &LatencyModel) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "{} ms per driver allocation, {} ms per map or unmap, {} µs per task launch, copies at {} GB/s",
+        ms(m.driver_alloc),
+        ms(m.map),
+        m.launch.as_micros(),
+        m.copy_bandwidth / 1_000_000_000
+    )
+}
+
+/// What the demo runs, in words.
+fn print_configuration(o: &Options, latency: &LatencyModel) {
+    let shapes = weight_shapes();
+    let weight_bytes = shapes.iter().sum::<usize>() * WEIGHT_BYTES_PER_ELEM;
+    println!("LLaMA-7B decode on the software NPU, batch 1");
+    println!(
+        "  model:    {LAYERS} layers, hidden size {HIDDEN}, {HEADS} attention heads of \
+         {HEAD_DIM}, feed-forward {FFN}, vocabulary {VOCAB}"
+    );
+    println!(
+        "  weights:  {:.1} GB of fp16 in {} tensors, allocated once, never written",
+        weight_bytes as f64 / 1e9,
+        shapes.len()
+    );
+    println!("  prompt:   {PROMPT} tokens; each layer's KV cache grows by reallocation every {KV_BLOCK} tokens");
+    println!(
+        "  runs:     {} decode steps allocating through the driver (malloc, synchronize, free), \
+         {} through soma pools",
+        o.driver_steps, o.pool_steps
+    );
+    println!(
+        "  pools:    weights in a pool of {} that maps one segment per growth; activations \
+         and KV caches in a pool of {} with the default reuse policy, keeping a history of \
+         its last {HISTORY_EVENTS} events",
+        gib(WEIGHTS_POOL_MAX),
+        gib(ACTIVATIONS_POOL_MAX)
+    );
+    println!("  latency:  Ascend-like: {}", describe_latency(latency));
+    println!("  pictures: {}\n", o.out.display());
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llama_decode: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let options = Options::parse()?;
+    let latency = LatencyModel::ascend_like();
+    let npu = Npu::builder().latency(latency).build()?;
+    print_configuration(&options, &latency);
+
+    let driver = run_driver(&npu, options.driver_steps)?;
+    let pool = run_pool(&npu, options.pool_steps)?;
 
     println!(
         "{:<20} {:>6} {:>14} {:>13} {:>12} {:>12} {:>8} {:>12} {:>12}",
@@ -645,13 +773,8 @@ fn main() -> Result<()> {
         "\ntokens of both runs agree over the first {common} steps: {:?}",
         &pool.tokens[..common]
     );
-    let dir = if quick {
-        std::env::temp_dir()
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/img")
-    };
-    let driver_svg = write_timeline(&dir, "llama_decode_driver.svg", &driver)?;
-    let pool_svg = write_timeline(&dir, "llama_decode_pool.svg", &pool)?;
+    let driver_svg = write_timeline(&options.out, "llama_decode_driver.svg", &driver)?;
+    let pool_svg = write_timeline(&options.out, "llama_decode_pool.svg", &pool)?;
     println!(
         "allocation overhead per step: {:.2} ms (driver) -> {:.3} ms (pool), {:.0}x less",
         driver.alloc_overhead.as_secs_f64() * 1e3 / driver.steps as f64,

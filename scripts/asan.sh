@@ -2,7 +2,7 @@
 # AddressSanitizer run of the unit and integration tests of the crates with `unsafe` code:
 # soma-sim (device memory: mmap, raw slices handed to kernels), soma-core (host staging
 # buffers of async copies) and the root integration tests (the pool end to end on the
-# software NPU). See /work/shared/TOOLING.md §1.
+# software NPU).
 #
 #   bash scripts/asan.sh                 # all three
 #   bash scripts/asan.sh -p soma-sim     # extra cargo arguments replace the package list

@@ -1,19 +1,19 @@
-"""More allocator traces, recorded with the shared traces' own tool, to check that soma's
-fragmentation holds beyond the four models of `../shared/traces` (the traces themselves are
-data and stay out of the repository).
+"""More allocator traces, recorded with the tool of `data/traces/tools/`, to check that soma's
+fragmentation holds beyond the four models of `data/traces` (these traces are not part of the
+repository: record them with the command below).
 
 Each recipe runs a real `transformers` model with random weights on CPU and records every
-allocation and free of PyTorch's allocator, in the format of `../shared/traces/README.md`:
+allocation and free of PyTorch's allocator, in the format of `data/traces/README.md`:
 batched decode with retiring rows (GPT-2, LLaMA, Mistral, a Mixtral-style mixture of
 experts), a stream of requests with varying prompts, beam search, BERT / GPT-2 / LLaMA /
 ResNet-50 training with varying shapes, T5 and Whisper generation, ViT, RoBERTa and
 BERT-large with varying batch shapes.
 
 Record (torch and transformers in any virtualenv; each recipe takes seconds to minutes,
-`--list` prints every recipe, the shared four included):
+`--list` prints every recipe, the bundled four included):
 
-    python ../shared/traces/make_traces.py --recipes scripts/extra_trace_recipes.py \
-        --out /tmp/extra-traces gpt2_batch_retire_infer llama8_batch_retire_infer \
+    python data/traces/tools/make_traces.py --recipes scripts/extra_trace_recipes.py \
+        --out target/extra-traces gpt2_batch_retire_infer llama8_batch_retire_infer \
         bert_base_train t5_small_infer vit_base_infer gpt2_small_train_varlen \
         gpt2_serve_infer llama_tinyllama_long_infer roberta_dynamic_infer gpt2_beam_infer \
         mistral_small_infer llama_small_train bert_large_infer mixtral_moe_infer \
@@ -21,12 +21,11 @@ Record (torch and transformers in any virtualenv; each recipe takes seconds to m
 
 Then replay them:
 
-    SOMA_TRACES=/tmp/extra-traces cargo test --release -p soma-core --lib trace_ -- --nocapture
-    SOMA_TRACES=/tmp/extra-traces SOMA_TRACES_JSON=traces-extra \
-        CARGO_TARGET_DIR=/work/target-perf cargo bench --bench traces
-    target/release/soma-replay /tmp/extra-traces/gpt2_serve_infer.csv
+    SOMA_TRACES=target/extra-traces SOMA_TRACES_JSON=traces-extra cargo bench --bench traces
+    target/release/soma-replay target/extra-traces/gpt2_serve_infer.csv
 
-The bench writes `traces-extra.json`, which `scripts/perf-report.py` renders as its own table.
+The bench writes `traces-extra.json`, which `scripts/perf-report.py` renders as its own table
+(`SOMA_EXTRA_TRACES=target/extra-traces` adds them to its repeated-runs table).
 """
 import random
 

@@ -20,8 +20,8 @@ mod generate {
     use std::env;
     use std::path::PathBuf;
 
-    /// Every function of the subset (ACL_SUBSET.md), allowlisted by exact name so that
-    /// generating from the full CANN headers yields the same set of items.
+    /// Every function of the subset (what `include/acl/*.h` declare), allowlisted by exact
+    /// name so that generating from the full CANN headers yields the same set of items.
     const FUNCTIONS: &[&str] = &[
         "aclInit",
         "aclFinalize",

@@ -1,14 +1,17 @@
 /*
- * trace_replay.c - replays real PyTorch allocator traces (../shared/traces, format in its
- * README) through the pool API on one stream, as an inference engine written against CANN
+ * trace_replay.c - replays real PyTorch allocator traces (the workspace's data/traces, format
+ * in its README) through the pool API on one stream, as an inference engine written against CANN
  * would allocate: aclrtMemPoolMallocAsync / aclrtMemPoolFreeAsync, no synchronisation until
  * the end. Then reads the pool's high-water marks and checks that peak reserved memory stays
  * within 5 % of peak used memory, both in whole allocation granules (the fragmentation target
  * of docs/performance.md).
  *
- * Usage: trace_replay [DIR]   (default: $SOMA_TRACES, else ../shared/traces; plain *.csv
- * only). A missing directory, and traces whose peak does not fit the device, are skipped
- * with a printed reason.
+ * Usage: trace_replay [DIR]   (default: $SOMA_TRACES). DIR holds plain *.csv traces: this
+ * program does not decompress, so the gzipped traces of data/traces are decompressed into a
+ * directory first (`gzip -dc`), as scripts/run-c-examples.sh does. Without a directory the
+ * program says so and does nothing; traces whose peak does not fit the device, and gzipped
+ * files, are skipped with a printed reason. The last line before "ok" says how many of the
+ * directory's traces were replayed.
  *
  * Build and run: scripts/run-c-examples.sh
  *
@@ -166,13 +169,14 @@ int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : getenv("SOMA_TRACES");
     if (dir == NULL) {
-        dir = "../shared/traces";
+        printf("skipped: no trace directory (give one as argument or in $SOMA_TRACES)\n");
+        printf("trace_replay: ok\n");
+        return 0;
     }
     DIR *d = opendir(dir);
     if (d == NULL) {
-        printf("skipped: trace directory %s is absent\n", dir);
-        printf("trace_replay: ok\n");
-        return 0;
+        fprintf(stderr, "trace directory %s cannot be opened\n", dir);
+        return 1;
     }
     CHECK(aclInit(NULL));
     CHECK(aclrtSetDevice(0));
@@ -184,6 +188,7 @@ int main(int argc, char **argv)
     const uint64_t granularity = Granularity();
 
     int replayed = 0;
+    int found = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
@@ -194,6 +199,7 @@ int main(int argc, char **argv)
         if (n < 5 || strcmp(e->d_name + n - 4, ".csv") != 0) {
             continue;
         }
+        found++;
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         Trace t;
@@ -213,9 +219,7 @@ int main(int argc, char **argv)
         replayed++;
     }
     closedir(d);
-    if (replayed == 0) {
-        printf("skipped: no plain *.csv trace in %s fits the device\n", dir);
-    }
+    printf("replayed %d of %d traces in %s\n", replayed, found, dir);
 
     CHECK(aclrtDestroyStream(stream));
     CHECK(aclrtResetDevice(0));

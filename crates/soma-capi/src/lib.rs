@@ -1,7 +1,7 @@
 //! soma-capi: the CANN runtime C API subset (`libascendcl.so`) over the software NPU.
 //!
-//! C and C++ programs written for CANN that use only the subset (`ACL_SUBSET.md`; headers in
-//! `crates/ascend-sys/include/acl/`) compile unchanged and link against this library
+//! C and C++ programs written for CANN that use only the subset (the functions declared by
+//! the headers in `crates/ascend-sys/include/acl/`) compile unchanged and link against this library
 //! (`-lascendcl`). The `aclrtMemPool*` functions are served by the soma-core pool engine;
 //! everything else by the software NPU (`soma-sim`) through soma-core's typed handles, so
 //! that stream, event and device synchronisations apply pools' release thresholds.

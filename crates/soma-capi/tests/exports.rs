@@ -1,6 +1,7 @@
 //! Loads the built `libascendcl.so` with `dlopen` (through ascend-sys, as a CANN program's
 //! loader would) and checks that it exports every function of the subset and works through
-//! the loaded table. This binary does not link the crate's Rust API (TOOLING §8).
+//! the loaded table. This binary does not call the crate's Rust API: that would link a second
+//! static copy of the runtime (its own statics and locks) beside the loaded one.
 
 use std::path::PathBuf;
 

@@ -414,8 +414,8 @@ pub trait DeviceHal: Send + Sync + 'static {
 
 /// A pool of the device's own stream-ordered allocator (CANN's `aclrtMemPool*`).
 ///
-/// Attribute ids and value meanings are the C API's (DESIGN.md §5); boolean switches are
-/// passed as 0 / 1.
+/// Attribute ids and value meanings are the C API's (`docs/design.md`, *Attributes*); boolean
+/// switches are passed as 0 / 1.
 pub trait NativePoolHal: Send + Sync + 'static {
     /// The pool's size in bytes (rounded by the driver).
     fn max_size(&self) -> u64;

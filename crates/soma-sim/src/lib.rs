@@ -160,9 +160,8 @@ impl LatencyModel {
         Self::default()
     }
 
-    /// Numbers in the range the seeds measured on Ascend: 1 ms per driver allocation
-    /// (0.5–2 ms per `aclrtMalloc`), 0.1 ms per map / unmap, 5 µs per task launch, 25 GB/s
-    /// copies.
+    /// Numbers in the range measured on Ascend: 1 ms per driver allocation (0.5–2 ms per
+    /// `aclrtMalloc`), 0.1 ms per map / unmap, 5 µs per task launch, 25 GB/s copies.
     pub fn ascend_like() -> Self {
         Self {
             driver_alloc: Duration::from_millis(1),

@@ -17,8 +17,8 @@ fn threads() -> usize {
     tasks
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
         .filter(|stat| {
-            // Fields after the command's closing parenthesis: state, ppid, pgrp, session,
-            // tty_nr, tpgid, flags, …
+            // Fields after the command's closing parenthesis: state, ppid, pgrp, sid, tty_nr,
+            // tpgid, flags, …
             let flags = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6));
             flags.and_then(|f| f.parse::<u64>().ok()).is_some_and(|f| f & PF_EXITING == 0)
         })

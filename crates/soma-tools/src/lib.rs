@@ -6,7 +6,7 @@
 //!   checkerboard) as pre-generated op sequences, and the generic replay loop;
 //! * [`baselines`]: the one [`baselines::Allocator`] trait every allocator under test is
 //!   driven through — soma (public API and engine alone), `offset-allocator`, a TLSF over
-//!   offsets, a replica of CANN SOMA's algorithm, the seed's first-fit pool and the plain
+//!   offsets, a replica of CANN SOMA's algorithm, a first-fit free list and the plain
 //!   driver path.
 //!
 //! The criterion benches in the workspace's top-level `benches/` and the `soma-replay`

@@ -1,5 +1,5 @@
-//! Allocator traces: `op,id,bytes,stream` CSV files (see `shared/traces/README.md`), plain or
-//! gzipped (`.csv.gz`).
+//! Allocator traces: `op,id,bytes,stream` CSV files (format in `data/traces/README.md`), plain
+//! or gzipped (`.csv.gz`).
 //!
 //! A trace is turned into a sequence of [`Op`]s over dense *slots*: the `k`-th allocation of
 //! the trace gets slot `k`, and its free names the same slot. Replays keep one handle per slot
@@ -242,12 +242,16 @@ pub fn find_traces(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(paths)
 }
 
-/// The trace directory the benches use: `$SOMA_TRACES`, else `../shared/traces` relative to
-/// the workspace root (`root`).
+/// The directory of the traces distributed with the workspace: `data/traces` under the
+/// workspace root (`root`).
+pub fn bundled_trace_dir(root: &Path) -> PathBuf {
+    root.join("data").join("traces")
+}
+
+/// The trace directory the benches and tools use: `$SOMA_TRACES`, else the bundled traces
+/// ([`bundled_trace_dir`]) of the workspace root (`root`).
 pub fn default_trace_dir(root: &Path) -> PathBuf {
-    std::env::var_os("SOMA_TRACES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("..").join("shared").join("traces"))
+    std::env::var_os("SOMA_TRACES").map(PathBuf::from).unwrap_or_else(|| bundled_trace_dir(root))
 }
 
 #[cfg(test)]
@@ -360,33 +364,43 @@ mod tests {
         assert!(find_traces(&dir).is_err());
     }
 
-    /// The shared traces, when present, match the statistics their README documents.
+    /// The bundled traces are all there and match the statistics their README documents.
     #[test]
-    fn shared_traces_match_their_readme() {
-        let dir = default_trace_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").as_path());
-        let Ok(paths) = find_traces(&dir) else {
-            println!("skipped: no traces in {}", dir.display());
-            return;
-        };
+    fn bundled_traces_match_their_readme() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let paths = find_traces(&bundled_trace_dir(&root)).unwrap();
+        let mut names = Vec::new();
         for p in paths {
             let t = Trace::load(&p).unwrap();
             validate(&t.ops).unwrap();
-            let expect = match t.name.as_str() {
-                "bert_base_infer" => Some((9_321, 578_544_704, 215, 201)),
-                "gpt2_small_infer" => Some((53_970, 533_941_260, 190, 148)),
-                "gpt2_small_train" => Some((27_674, 5_918_590_840, 917, 740)),
-                "llama_tinyllama_infer" => Some((86_995, 2_237_464_832, 265, 203)),
-                _ => None,
+            let (events, peak, max_live, at_end) = match t.name.as_str() {
+                "bert_base_infer" => (9_321, 578_544_704, 215, 201),
+                "gpt2_small_infer" => (53_970, 533_941_260, 190, 148),
+                "gpt2_small_train" => (27_674, 5_918_590_840, 917, 740),
+                "llama_tinyllama_infer" => (86_995, 2_237_464_832, 265, 203),
+                other => panic!("{other}: a trace the README does not list"),
             };
-            if let Some((events, peak, max_live, at_end)) = expect {
-                let s = t.stats;
-                assert_eq!(
-                    (s.events, s.peak_live_bytes, s.max_live_count, s.live_at_end),
-                    (events, peak, max_live, at_end),
-                    "{}",
-                    t.name
-                );
-            }
+            let s = t.stats;
+            assert_eq!(
+                (s.events, s.peak_live_bytes, s.max_live_count, s.live_at_end),
+                (events, peak, max_live, at_end),
+                "{}",
+                t.name
+            );
+            names.push(t.name);
         }
+        assert_eq!(
+            names,
+            ["bert_base_infer", "gpt2_small_infer", "gpt2_small_train", "llama_tinyllama_infer"]
+        );
+    }
+
+    /// `$SOMA_TRACES` names another directory; without it the bundled one is used.
+    #[test]
+    fn trace_dir_defaults_to_the_bundled_traces() {
+        let root = Path::new("checkout");
+        let expected =
+            std::env::var_os("SOMA_TRACES").map_or_else(|| root.join("data/traces"), PathBuf::from);
+        assert_eq!(default_trace_dir(root), expected);
     }
 }

@@ -93,3 +93,32 @@ fn json_output_escapes_the_trace_name() {
     assert!(json.starts_with("{\"trace\":\"q\\\"uo\\\\te\\tx\","), "{json}");
     assert!(!json.contains('\t'), "{json}");
 }
+
+/// The bundled traces replay as they are, gzipped: the BERT trace's requested peak is the one
+/// its README gives, and the pool holds at least that much.
+#[test]
+fn replays_a_bundled_trace() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/bert_base_infer.csv.gz");
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg(&path).arg("--json").output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = String::from_utf8(out.stdout).unwrap();
+    let field = |name: &str| -> u64 {
+        let at = json.find(&format!("\"{name}\":")).unwrap() + name.len() + 3;
+        json[at..].split([',', '}']).next().unwrap().parse().unwrap()
+    };
+    assert!(json.starts_with("{\"trace\":\"bert_base_infer\","), "{json}");
+    assert_eq!(field("ops"), 9_321);
+    assert_eq!(field("peak_live_requested"), 578_544_704);
+    assert!(field("peak_reserved") >= 578_544_704, "{json}");
+}
+
+/// Without a trace the usage names where the bundled traces are.
+#[test]
+fn usage_points_at_the_bundled_traces() {
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).output().unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("data/traces/"), "{text}");
+}

@@ -2,7 +2,7 @@
  * acl.h - entry header of the AscendCL (CANN runtime) C API subset declared by soma-rs:
  * process initialisation and error messages; includes the runtime and pool headers.
  *
- * Written by the soma-rs project from the documented API facts in ACL_SUBSET.md.
+ * Written by the soma-rs project from the public AscendCL documentation (declarations only).
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */

@@ -2,8 +2,8 @@
  * acl_base.h - base types and error codes of the AscendCL (CANN runtime) C API subset
  * declared by soma-rs.
  *
- * Written by the soma-rs project from the documented API facts in ACL_SUBSET.md; it declares
- * only that subset. A program that uses only the subset compiles unchanged against these
+ * Written by the soma-rs project from the public AscendCL documentation; it declares only
+ * the subset that soma-rs binds (ascend-sys) and serves (soma-capi, docs/c-api.md). A program that uses only the subset compiles unchanged against these
  * headers and against the CANN toolkit's headers of the same names.
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0

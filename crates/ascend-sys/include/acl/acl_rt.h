@@ -3,7 +3,7 @@
  * devices, contexts, streams, events, host functions, memory, copies and virtual memory
  * management. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
  *
- * Written by the soma-rs project from the documented API facts in ACL_SUBSET.md.
+ * Written by the soma-rs project from the public AscendCL documentation (declarations only).
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */

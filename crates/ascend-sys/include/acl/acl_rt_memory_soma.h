@@ -2,8 +2,8 @@
  * acl_rt_memory_soma.h - the stream-ordered memory pool part of the AscendCL (CANN runtime)
  * C API subset declared by soma-rs (aclrtMemPool*).
  *
- * Written by the soma-rs project from the documented API facts in ACL_SUBSET.md, including
- * the documented rules of the pool API listed there.
+ * Written by the soma-rs project from the public AscendCL documentation, including the
+ * documented rules of the pool API (docs/c-api.md gives them with soma-capi's behaviour).
  *
  * SPDX-License-Identifier: MIT OR Apache-2.0
  */

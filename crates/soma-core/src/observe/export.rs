@@ -205,7 +205,7 @@ fn assign_lanes(lives: &[Lifetime]) -> Lanes {
 }
 
 /// The allocations and frees as a trace CSV in the format of the allocation traces that
-/// `soma-replay` reads (see `/work/shared/traces/README.md`):
+/// `soma-replay` reads (see `data/traces/README.md`):
 ///
 /// ```text
 /// op,id,bytes,stream

@@ -7,8 +7,11 @@
 //!             [--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
 //! ```
 //!
+//! The workspace's own traces are in `data/traces/` (their README gives the format), e.g.
+//! `cargo run --release -p soma-tools --bin soma-replay -- data/traces/bert_base_infer.csv.gz`.
+//!
 //! Sizes accept `K`, `M`, `G` suffixes (powers of 1024). Without `--streams` the trace's
-//! `stream` column decides: each distinct value is a stream of its own (the shared traces
+//! `stream` column decides: each distinct value is a stream of its own (the bundled traces
 //! name one; a pool's `history_trace_csv` names the streams it saw), and an op runs on its
 //! recorded stream. With `--streams N` op `k` of the trace runs on stream `k mod N`
 //! instead: an allocation is made there, and a free on another stream than the allocation's
@@ -57,7 +60,8 @@ struct Args {
 
 const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
 [--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]";
+[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
+traces: the workspace's own are data/traces/*.csv.gz (format in data/traces/README.md)";
 
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
@@ -182,6 +186,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let pool = builder.recycle_on_growth(args.recycle).stream_shards(args.shards).build(&dev)?;
     let sim = npu.sim_device(0)?;
+    let replayer = Replayer { args, trace: &trace, dev: &dev, pool: &pool, streams: &streams };
     // With `--resident`, what the first replay leaves live stays allocated and later replays
     // skip those slots: the run repeated with its weights (and a training run's optimizer
     // state) kept, as a server or a training loop does.
@@ -190,7 +195,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut hand_offs = 0;
         let skip = (args.resident && r > 1).then_some(&resident[..]);
         let on = |k| stream_of(r - 1, k);
-        let handles = replay_once(args, &on, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+        let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
         if args.resident && r == 1 {
             resident = handles;
         } else {
@@ -206,7 +211,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
     let on = |k| stream_of(args.replays - 1, k);
-    let handles = replay_once(args, &on, &trace, &dev, &pool, &streams, skip, &mut hand_offs)?;
+    let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
     let elapsed = start.elapsed();
     let mut stats = pool.stats();
     stats.map_calls -= pool_before.map_calls;
@@ -221,7 +226,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     drop(resident);
     dev.synchronize()?;
     let sim_after = sim.stats();
-    print_report(args, &trace, &pool, n, elapsed, &stats, hand_offs, &calls_before, &sim_after)
+    let measured = Measured { streams: n, elapsed, stats, hand_offs, calls_before, sim_after };
+    print_report(args, &trace, &pool, &measured)
 }
 
 /// The index among the trace's distinct stream values (in order of first appearance) of
@@ -240,67 +246,86 @@ fn recorded_streams(column: &[u32]) -> (Vec<usize>, usize) {
     (index, seen.len().max(1))
 }
 
-/// One replay of `trace` on `pool`, op `k` on `streams[stream_of(k)]`; returns the
-/// allocations still live at its end. The slots that are `Some` in `resident` (kept from an
-/// earlier replay) are skipped.
-#[allow(clippy::too_many_arguments)]
-fn replay_once<'s, 'd>(
-    args: &Args,
-    stream_of: &dyn Fn(usize) -> usize,
-    trace: &Trace,
-    dev: &soma::Device,
+/// What every replay of a run works on: the options, the trace, the device, the pool and the
+/// streams.
+struct Replayer<'s, 'd> {
+    args: &'s Args,
+    trace: &'s Trace,
+    dev: &'s soma::Device,
     pool: &'s MemPool<'d>,
     streams: &'s [Stream<'d>],
-    resident: Option<&[Option<PoolAlloc<'s, u8>>]>,
-    hand_offs: &mut u64,
-) -> Result<Vec<Option<PoolAlloc<'s, u8>>>, Box<dyn std::error::Error>> {
-    let mut handles: Vec<Option<PoolAlloc<'_, u8>>> = Vec::with_capacity(trace.slots);
-    handles.resize_with(trace.slots, || None);
-    let mut owner: Vec<u32> = vec![0; trace.slots];
-    for (k, op) in trace.ops.iter().enumerate() {
-        let s = stream_of(k);
-        let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
-        let kept = resident.is_some_and(|r| r[slot as usize].is_some());
-        match *op {
-            _ if kept => {}
-            Op::Alloc { slot, bytes } => {
-                let a = pool.alloc_async::<u8>(bytes as usize, &streams[s]).map_err(|e| {
-                    format!("op {k}: allocation of {bytes} bytes on stream {s} failed: {e}")
-                })?;
-                handles[slot as usize] = Some(a);
-                owner[slot as usize] = s as u32;
-            }
-            Op::Free { slot } => {
-                if let Some(a) = handles[slot as usize].take() {
-                    if owner[slot as usize] as usize != s {
-                        *hand_offs += 1;
-                        drop(a.hand_off(&streams[s])?);
-                    } else {
-                        drop(a);
+}
+
+impl<'s, 'd> Replayer<'s, 'd> {
+    /// One replay of the trace on the pool, op `k` on `streams[stream_of(k)]`; returns the
+    /// allocations still live at its end and counts frees on another stream than the
+    /// allocation's in `hand_offs`. The slots that are `Some` in `resident` (kept from an
+    /// earlier replay) are skipped.
+    fn replay_once(
+        &self,
+        stream_of: &dyn Fn(usize) -> usize,
+        resident: Option<&[Option<PoolAlloc<'s, u8>>]>,
+        hand_offs: &mut u64,
+    ) -> Result<Vec<Option<PoolAlloc<'s, u8>>>, Box<dyn std::error::Error>> {
+        let Replayer { args, trace, dev, pool, streams } = *self;
+        let mut handles: Vec<Option<PoolAlloc<'_, u8>>> = Vec::with_capacity(trace.slots);
+        handles.resize_with(trace.slots, || None);
+        let mut owner: Vec<u32> = vec![0; trace.slots];
+        for (k, op) in trace.ops.iter().enumerate() {
+            let s = stream_of(k);
+            let (Op::Alloc { slot, .. } | Op::Free { slot }) = *op;
+            let kept = resident.is_some_and(|r| r[slot as usize].is_some());
+            match *op {
+                _ if kept => {}
+                Op::Alloc { slot, bytes } => {
+                    let a = pool.alloc_async::<u8>(bytes as usize, &streams[s]).map_err(|e| {
+                        format!("op {k}: allocation of {bytes} bytes on stream {s} failed: {e}")
+                    })?;
+                    handles[slot as usize] = Some(a);
+                    owner[slot as usize] = s as u32;
+                }
+                Op::Free { slot } => {
+                    if let Some(a) = handles[slot as usize].take() {
+                        if owner[slot as usize] as usize != s {
+                            *hand_offs += 1;
+                            drop(a.hand_off(&streams[s])?);
+                        } else {
+                            drop(a);
+                        }
                     }
                 }
             }
+            // After every `--sync-every` ops of the trace, the kept ones included.
+            if args.sync_every > 0 && (k + 1) % args.sync_every == 0 {
+                dev.synchronize()?;
+            }
         }
-        // After every `--sync-every` ops of the trace, the kept ones included.
-        if args.sync_every > 0 && (k + 1) % args.sync_every == 0 {
-            dev.synchronize()?;
-        }
+        Ok(handles)
     }
-    Ok(handles)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The figures of the measured (last) replay.
+struct Measured {
+    /// Streams the ops ran on.
+    streams: usize,
+    elapsed: std::time::Duration,
+    /// The pool's statistics, counters of this replay only.
+    stats: soma::PoolStats,
+    /// Frees on another stream than the allocation's.
+    hand_offs: u64,
+    /// The simulator's counters before and after the replay.
+    calls_before: soma::sim::SimStats,
+    sim_after: soma::sim::SimStats,
+}
+
 fn print_report(
     args: &Args,
     trace: &Trace,
     pool: &MemPool<'_>,
-    n: usize,
-    elapsed: std::time::Duration,
-    stats: &soma::PoolStats,
-    hand_offs: u64,
-    calls_before: &soma::sim::SimStats,
-    sim_after: &soma::sim::SimStats,
+    measured: &Measured,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let Measured { streams: n, elapsed, ref stats, hand_offs, ref calls_before, ref sim_after } =
+        *measured;
     let ops = trace.ops.len() as u64;
     let ns_per_op = elapsed.as_nanos() as f64 / ops.max(1) as f64;
     let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
