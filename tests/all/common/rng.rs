@@ -9,7 +9,7 @@ pub struct TestRng(u64);
 
 impl TestRng {
     /// The generator of `seed`. Every seed gives a valid state (xorshift's state must not be
-    /// zero): the seed is spread over the bits by the golden-ratio constant and made odd.
+    /// zero): each seed is spread over the bits by the golden-ratio constant and made odd.
     pub fn new(seed: u64) -> TestRng {
         TestRng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
