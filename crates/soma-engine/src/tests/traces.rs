@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::*;
-use crate::engine::{Engine, EngineConfig, EngineStats, FreeTag};
+use crate::{Engine, EngineConfig, EngineStats, FreeTag};
 
 fn trace_dir() -> PathBuf {
     std::env::var_os("SOMA_TRACES").map(PathBuf::from).unwrap_or_else(|| {
@@ -164,7 +164,7 @@ fn trace_fragmentation() {
                 s.map_calls,
                 s.unmap_calls,
                 // block records ever needed per live block at the peak
-                (records * std::mem::size_of::<crate::engine::block::Block>()) as f64
+                (records * std::mem::size_of::<crate::block::Block>()) as f64
                     / s.live_blocks_high as f64
             );
             let name = p.file_name().unwrap().to_string_lossy();

@@ -1,7 +1,7 @@
 //! Unit tests, one behaviour each.
 
 use super::*;
-use crate::engine::*;
+use crate::*;
 
 fn engine(range: u64) -> Engine {
     Engine::new(EngineConfig {
@@ -347,7 +347,7 @@ fn stale_ids_and_double_frees() {
 
 #[test]
 fn block_ids_are_one_word_and_round_trip_through_raw() {
-    use crate::engine::BlockId;
+    use crate::BlockId;
     assert_eq!(std::mem::size_of::<BlockId>(), 8);
     assert_eq!(std::mem::size_of::<Option<BlockId>>(), 8);
     for (idx, generation) in [(0, 1), (7, 1), (0, u32::MAX), (NIL - 1, u32::MAX), (NIL, 2)] {
@@ -1084,7 +1084,7 @@ fn recycling_short_of_whole_segments(e: &mut Engine, b: &mut FakeBacking, o: &Te
 
 #[test]
 fn recycling_pauses_beyond_one_growth_in_eight() {
-    use crate::engine::growth::{RecycleRate, RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
+    use crate::growth::{RecycleRate, RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
     let burst = RECYCLE_BURST as u64;
     let spacing = RECYCLE_WINDOW / burst;
     let mut r = RecycleRate::default();
@@ -1151,7 +1151,7 @@ fn random_churn(
 
 #[test]
 fn chronic_recycling_pauses_and_the_reserved_high_rises() {
-    use crate::engine::growth::{RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
+    use crate::growth::{RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
     let mut e = engine(1 << 40);
     let mut b = FakeBacking::new();
     // The allocation counts of the growths that recycled; when recycling paused, and the

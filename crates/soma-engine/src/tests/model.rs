@@ -11,7 +11,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::engine::*;
+use crate::*;
 
 const STREAMS: usize = 4;
 /// The range, in granules.
@@ -291,7 +291,7 @@ impl Model {
             None => assert!(prior.is_empty(), "{a:?} reported fresh over {prior:?}"),
             Some(kind) => {
                 // (A reuse may cover never-used memory too: untagged memory that merged
-                // into a tagged block takes the tag — conservative, never unsafe. So may a
+                // into a tagged block takes the tag — conservative, never wrong. So may a
                 // free that was settled, host-observed at a settle: it merges into the
                 // tagged blocks beside it, and any stream may use it.)
                 for f in &prior {

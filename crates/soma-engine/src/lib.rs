@@ -168,6 +168,8 @@
 //! Steady state allocates nothing on the host: records are recycled in the slab, free indices
 //! live as long as the engine, the optional offset index keeps its capacity.
 
+#![forbid(unsafe_code)]
+
 mod block;
 mod bounds;
 mod growth;
@@ -1330,10 +1332,10 @@ fn align_up(x: u64, a: u64) -> u64 {
     (x + a - 1) & !(a - 1)
 }
 
-/// [`align_up`] for any `x`: `None` when the rounded value overflows. Also the pool's
-/// rounding of a request before it reaches the engine (`PoolCore::block_size`).
+/// `x` rounded up to a multiple of the power of two `a`, for any `x`: `None` when the rounded
+/// value overflows. Also the pool's rounding of a request before it reaches the engine.
 #[inline(always)]
-pub(crate) fn checked_align_up(x: u64, a: u64) -> Option<u64> {
+pub fn checked_align_up(x: u64, a: u64) -> Option<u64> {
     x.checked_add(a - 1).map(|b| b & !(a - 1))
 }
 
