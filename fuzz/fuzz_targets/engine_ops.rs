@@ -49,7 +49,7 @@ struct FakeBacking {
     mapped: BTreeMap<u64, (u64, u64)>,
     capacity: Option<u64>,
     next_token: u64,
-    fail_next_map: Option<BackingError>,
+    fail_next_map: Option<BackingError<&'static str>>,
     fail_next_unmap: bool,
     unmapped: Vec<(u64, u64)>,
 }
@@ -61,7 +61,9 @@ impl FakeBacking {
 }
 
 impl Backing for FakeBacking {
-    fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError> {
+    type Error = &'static str;
+
+    fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError<&'static str>> {
         assert!(
             size > 0 && offset.is_multiple_of(G) && size.is_multiple_of(G),
             "unaligned map {offset} {size}"
@@ -81,9 +83,9 @@ impl Backing for FakeBacking {
         Ok(self.next_token)
     }
 
-    fn unmap(&mut self, offset: u64, size: u64, token: u64) -> Result<(), BackingError> {
+    fn unmap(&mut self, offset: u64, size: u64, token: u64) -> Result<(), &'static str> {
         if std::mem::take(&mut self.fail_next_unmap) {
-            return Err(BackingError::Failed("injected".into()));
+            return Err("injected");
         }
         assert_eq!(
             self.mapped.remove(&offset),
@@ -345,7 +347,7 @@ fuzz_target!(|input: Input| {
                 m.b.fail_next_map = Some(if oom {
                     BackingError::OutOfMemory
                 } else {
-                    BackingError::Failed("injected".into())
+                    BackingError::Driver("injected")
                 });
             }
             // Armed for the next release only: a failing unmap while a failed growth rolls back

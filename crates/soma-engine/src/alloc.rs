@@ -1,6 +1,8 @@
 //! The request path: allocation (from cache, by growth, or with an internal dependency),
 //! carving a free block into a live one, freeing, and relocation for compaction.
 
+use std::convert::Infallible;
+
 use smallvec::SmallVec;
 
 use crate::block::{Kind, NIL};
@@ -27,21 +29,22 @@ pub struct Allocation {
     pub dependency: Option<FreeTag>,
 }
 
-/// Why [`Engine::alloc`] failed. The engine is unchanged (see the crate docs, *Failure
-/// atomicity*).
+/// Why [`Engine::alloc`] failed: `E` is the backing's error ([`Backing::Error`]). The engine is
+/// unchanged (see the crate docs, *Failure atomicity*).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AllocError {
+pub enum AllocError<E> {
     /// Size 0, a size that overflows when rounded, or larger than the range.
     InvalidSize(String),
     /// Alignment 0, not a power of two, or larger than the granularity.
     InvalidAlignment(String),
     /// Nothing eligible is free and no more memory could be mapped.
     OutOfMemory(OomInfo),
-    /// The backing failed for another reason than memory exhaustion; nothing was allocated.
-    Backing(String),
+    /// The backing failed for another reason than memory exhaustion, with this error; nothing
+    /// was allocated.
+    Backing(E),
 }
 
-impl std::fmt::Display for AllocError {
+impl<E: std::fmt::Display> std::fmt::Display for AllocError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AllocError::InvalidSize(s) => write!(f, "invalid size: {s}"),
@@ -58,12 +61,12 @@ impl std::fmt::Display for AllocError {
                 i.largest_free_block,
                 i.pending_bytes
             ),
-            AllocError::Backing(s) => write!(f, "backing failure: {s}"),
+            AllocError::Backing(e) => write!(f, "backing failure: {e}"),
         }
     }
 }
 
-impl std::error::Error for AllocError {}
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for AllocError<E> {}
 
 /// What an out-of-memory report carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,14 +151,14 @@ impl Engine {
         reason = "the API carries OomInfo by value; the error path is cold"
     )]
     #[inline]
-    pub fn alloc(
+    pub fn alloc<E>(
         &mut self,
         bytes: u64,
         align: u64,
         stream: StreamSlot,
         order: &dyn StreamOrder,
-        backing: &mut dyn Backing,
-    ) -> Result<Allocation, AllocError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<Allocation, AllocError<E>> {
         let (size, align) = self.checked_request(bytes, align)?;
         if self.pack_wanted && self.stats.live_blocks == 0 {
             self.pack_idle(order, backing);
@@ -170,15 +173,15 @@ impl Engine {
     /// release and retry, rule 4, out of memory.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
     #[inline(never)]
-    fn alloc_uncached(
+    fn alloc_uncached<E>(
         &mut self,
         bytes: u64,
         size: u64,
         align: u64,
         stream: StreamSlot,
         order: &dyn StreamOrder,
-        backing: &mut dyn Backing,
-    ) -> Result<Allocation, AllocError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<Allocation, AllocError<E>> {
         if self.dependency_first && order.internal_dependencies() {
             if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
@@ -186,7 +189,7 @@ impl Engine {
         }
         match self.grow(size, align, stream, order, backing) {
             Ok(a) => return Ok(a),
-            Err(GrowError::Backing(msg)) => return Err(AllocError::Backing(msg)),
+            Err(GrowError::Backing(e)) => return Err(AllocError::Backing(e)),
             Err(GrowError::NoRoom) => {
                 // Release what can be released anywhere and retry: first as much as the
                 // request needs (highest addresses first, the fewest unmaps); if the holes
@@ -204,7 +207,7 @@ impl Engine {
                     }
                     match self.grow(size, align, stream, order, backing) {
                         Ok(a) => return Ok(a),
-                        Err(GrowError::Backing(msg)) => return Err(AllocError::Backing(msg)),
+                        Err(GrowError::Backing(e)) => return Err(AllocError::Backing(e)),
                         Err(GrowError::NoRoom) => {}
                     }
                 }
@@ -226,7 +229,8 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`AllocError::InvalidSize`] / [`AllocError::InvalidAlignment`] for bad input.
+    /// [`AllocError::InvalidSize`] / [`AllocError::InvalidAlignment`] for bad input (no
+    /// backing is involved, hence no backing error: `Infallible`).
     ///
     /// # Time Complexity
     ///
@@ -242,7 +246,7 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
         with_dependency: bool,
-    ) -> Result<Option<Allocation>, AllocError> {
+    ) -> Result<Option<Allocation>, AllocError<Infallible>> {
         let (size, align) = self.checked_request(bytes, align)?;
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));

@@ -140,7 +140,11 @@ impl Engine {
     /// Validates a request: its rounded size and effective alignment.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose errors these are")]
     #[inline(always)]
-    pub(crate) fn checked_request(&self, bytes: u64, align: u64) -> Result<(u64, u64), AllocError> {
+    pub(crate) fn checked_request<E>(
+        &self,
+        bytes: u64,
+        align: u64,
+    ) -> Result<(u64, u64), AllocError<E>> {
         // The pool's own alignment (what a pool always passes) is valid by construction.
         let a = if align == self.cfg.alignment { Some(align) } else { self.effective_align(align) };
         if let Some(a) = a {
@@ -157,7 +161,7 @@ impl Engine {
     /// Why [`Engine::checked_request`] refused `bytes` at alignment `align`.
     #[cold]
     #[inline(never)]
-    fn request_error(&self, bytes: u64, align: u64) -> AllocError {
+    fn request_error<E>(&self, bytes: u64, align: u64) -> AllocError<E> {
         let Some(align) = self.effective_align(align) else {
             return AllocError::InvalidAlignment(format!(
                 "alignment {align} is not a power of two in 1..={}",

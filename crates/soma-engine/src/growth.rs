@@ -54,11 +54,11 @@ pub(crate) const MIN_SEGMENT_FRACTION: u64 = 512;
 
 /// Why growth did not produce an allocation.
 #[derive(Debug)]
-pub(crate) enum GrowError {
+pub(crate) enum GrowError<E> {
     /// No unmapped hole fits, or the backing is out of memory.
     NoRoom,
     /// The backing failed otherwise.
-    Backing(String),
+    Backing(E),
 }
 
 /// Where a growth maps and places its block.
@@ -81,14 +81,14 @@ struct Plan {
 
 impl Engine {
     /// Growth: plan, recycle, map, commit. See the crate docs.
-    pub(crate) fn grow(
+    pub(crate) fn grow<E>(
         &mut self,
         size: u64,
         align: u64,
         stream: StreamSlot,
         order: &dyn StreamOrder,
-        backing: &mut dyn Backing,
-    ) -> Result<Allocation, GrowError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<Allocation, GrowError<E>> {
         let Some(mut plan) = self.plan_growth(size, align, stream, order) else {
             return Err(GrowError::NoRoom);
         };
@@ -121,7 +121,7 @@ impl Engine {
         if let Err(e) = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens) {
             return Err(match e {
                 BackingError::OutOfMemory => GrowError::NoRoom,
-                BackingError::Failed(msg) => GrowError::Backing(msg),
+                BackingError::Driver(e) => GrowError::Backing(e),
             });
         }
         let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
@@ -282,13 +282,13 @@ impl Engine {
 
     /// Maps `[off, off + len)` as segments of [`Engine::segment_size`] (aligned to it),
     /// recording `(offset, size, token)` of each; on failure unmaps what it mapped.
-    pub(crate) fn map_chunks(
+    pub(crate) fn map_chunks<E>(
         &self,
         off: u64,
         len: u64,
-        backing: &mut dyn Backing,
+        backing: &mut dyn Backing<Error = E>,
         out: &mut SmallVec<[(u64, u64, u64); 4]>,
-    ) -> Result<(), BackingError> {
+    ) -> Result<(), BackingError<E>> {
         let end = off + len;
         let mut at = off;
         let max_seg = self.segment_size(len);

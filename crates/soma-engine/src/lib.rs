@@ -216,6 +216,7 @@ pub use backing::{Backing, BackingError};
 pub use block::{BlockId, BlockInfo, BlockState, Blocks};
 pub use config::{checked_align_up, EngineConfig, MAX_RANGE};
 pub use order::{Eligibility, FreeTag, ReuseKind, StreamOrder, StreamSlot};
+pub use release::TeardownError;
 pub use search::{CROSS_STREAM_BUDGET, OWN_CLASS_SCAN};
 pub use stats::EngineStats;
 

@@ -92,13 +92,13 @@ impl Engine {
     /// Unmap errors end recycling silently (nothing was changed by the failed call).
     ///
     /// Returns what was unmapped and whether segments were too coarse (see [`Recycled`]).
-    pub(crate) fn recycle(
+    pub(crate) fn recycle<E>(
         &mut self,
         need: u64,
         protect: (u64, u64),
         stream: StreamSlot,
         order: &dyn StreamOrder,
-        backing: &mut dyn Backing,
+        backing: &mut dyn Backing<Error = E>,
     ) -> Recycled {
         if need == 0 || self.segments.is_empty() {
             return Recycled { bytes: 0, too_coarse: false };

@@ -7,6 +7,26 @@ use crate::block::{Block, Kind, NIL};
 use crate::config::align_down;
 use crate::{Backing, BackingError, Engine, FreeTag, StreamOrder};
 
+/// Why [`Engine::teardown`] failed: `E` is the backing's error ([`Backing::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TeardownError<E> {
+    /// Blocks are still live: nothing was unmapped.
+    LiveBlocks(u64),
+    /// An unmap failed with this error; what was unmapped before it is accounted.
+    Unmap(E),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for TeardownError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TeardownError::LiveBlocks(n) => write!(f, "teardown with {n} live blocks"),
+            TeardownError::Unmap(e) => write!(f, "unmap failed during teardown: {e}"),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for TeardownError<E> {}
+
 impl Engine {
     /// Unmaps fully free segments whose memory no in-flight work can touch (untagged, or
     /// [`StreamOrder::is_complete`]) — highest address first, so that what stays mapped is
@@ -23,12 +43,12 @@ impl Engine {
     /// # Time Complexity
     ///
     /// O(n + segments) plus one driver call per released segment.
-    pub fn release(
+    pub fn release<E>(
         &mut self,
         keep: u64,
         order: &dyn StreamOrder,
-        backing: &mut dyn Backing,
-    ) -> Result<u64, BackingError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<u64, E> {
         self.release_where(keep, backing, &|b| {
             !b.tagged || order.is_complete(FreeTag { stream: b.stream, pos: b.pos })
         })
@@ -39,16 +59,17 @@ impl Engine {
     ///
     /// # Errors
     ///
-    /// [`BackingError::Failed`] without touching anything when live blocks remain; otherwise
-    /// the first unmap error (what was unmapped before it is accounted).
-    pub fn teardown(&mut self, backing: &mut dyn Backing) -> Result<(), BackingError> {
+    /// [`TeardownError::LiveBlocks`] without touching anything when live blocks remain;
+    /// otherwise [`TeardownError::Unmap`] with the first unmap error (what was unmapped
+    /// before it is accounted).
+    pub fn teardown<E>(
+        &mut self,
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<(), TeardownError<E>> {
         if self.stats.live_blocks != 0 {
-            return Err(BackingError::Failed(format!(
-                "teardown with {} live blocks",
-                self.stats.live_blocks
-            )));
+            return Err(TeardownError::LiveBlocks(self.stats.live_blocks));
         }
-        self.release_where(0, backing, &|_| true)?;
+        self.release_where(0, backing, &|_| true).map_err(TeardownError::Unmap)?;
         debug_assert!(self.segments.is_empty());
         Ok(())
     }
@@ -61,12 +82,12 @@ impl Engine {
     /// target rounded down to the granularity (the release threshold and `trim_to` keep what
     /// they were told to keep; a multi-granule segment unmapped whole would take the cache of
     /// one large allocation away entirely). Returns the bytes released, net of that remap.
-    pub(crate) fn release_where(
+    pub(crate) fn release_where<E>(
         &mut self,
         keep: u64,
-        backing: &mut dyn Backing,
+        backing: &mut dyn Backing<Error = E>,
         pred: &dyn Fn(&Block) -> bool,
-    ) -> Result<u64, BackingError> {
+    ) -> Result<u64, E> {
         let target = keep.max(self.stats.used);
         if self.stats.reserved <= target {
             return Ok(0);
@@ -111,14 +132,14 @@ impl Engine {
     /// lowest granules again, so that `reserved` drops to `target` rounded down to the
     /// granularity; `reserved - len < target < reserved`. Returns the bytes released. A
     /// failed remap is not an error: the segment stays unmapped (`reserved` ends lower).
-    fn release_part(
+    fn release_part<E>(
         &mut self,
         off: u64,
         len: u64,
         first: u32,
         target: u64,
-        backing: &mut dyn Backing,
-    ) -> Result<u64, BackingError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<u64, E> {
         let rest = self.stats.reserved - len;
         let again = align_down(target - rest, self.cfg.granularity);
         debug_assert!(again < len, "segment at {off} not larger than what is left to release");
@@ -131,13 +152,13 @@ impl Engine {
 
     /// Unmaps fully free segment `[off, off + len)`, whose free blocks start at `first`, and
     /// turns it into unmapped space.
-    pub(crate) fn unmap_segment(
+    pub(crate) fn unmap_segment<E>(
         &mut self,
         off: u64,
         len: u64,
         first: u32,
-        backing: &mut dyn Backing,
-    ) -> Result<(), BackingError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<(), E> {
         let seg = self.segments[&off];
         debug_assert_eq!(seg.size, len, "boundaries and segments disagree at {off}");
         backing.unmap(off, len, seg.token)?;
@@ -147,12 +168,12 @@ impl Engine {
 
     /// Maps `[off, off + len)` of an unmapped hole as never-used free memory, coalesced and
     /// indexed.
-    fn map_free(
+    fn map_free<E>(
         &mut self,
         off: u64,
         len: u64,
-        backing: &mut dyn Backing,
-    ) -> Result<(), BackingError> {
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<(), BackingError<E>> {
         let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
         self.map_chunks(off, len, backing, &mut tokens)?;
         let fresh = self.map_into_hole(off, len, &tokens);
@@ -181,7 +202,11 @@ impl Engine {
     /// that unmapped.
     #[cold]
     #[inline(never)]
-    pub(crate) fn pack_idle(&mut self, order: &dyn StreamOrder, backing: &mut dyn Backing) {
+    pub(crate) fn pack_idle<E>(
+        &mut self,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing<Error = E>,
+    ) {
         self.pack_wanted = false;
         if !self.recycle_on_growth || self.holes.len() <= 1 {
             // One hole: the mapped memory is already one run (or nothing is mapped).

@@ -78,14 +78,16 @@ pub struct CountingBacking {
 }
 
 impl Backing for CountingBacking {
-    fn map(&mut self, _offset: u64, size: u64) -> Result<u64, BackingError> {
+    type Error = std::convert::Infallible;
+
+    fn map(&mut self, _offset: u64, size: u64) -> Result<u64, BackingError<Self::Error>> {
         self.mapped += size;
         self.mapped_high = self.mapped_high.max(self.mapped);
         self.maps += 1;
         Ok(self.maps)
     }
 
-    fn unmap(&mut self, _offset: u64, size: u64, _token: u64) -> Result<(), BackingError> {
+    fn unmap(&mut self, _offset: u64, size: u64, _token: u64) -> Result<(), Self::Error> {
         self.mapped -= size;
         self.unmaps += 1;
         Ok(())

@@ -85,8 +85,8 @@ fn failed_map_rolls_back() {
     let x = alloc(&mut e, &mut b, &o, 3000, 0);
     let before: Vec<_> = e.blocks().collect();
     let stats = e.stats();
-    b.fail_next_map = Some(BackingError::Failed("injected".into()));
-    assert_eq!(e.alloc(3 * G, 512, 0, &o, &mut b), Err(AllocError::Backing("injected".into())));
+    b.fail_next_map = Some(BackingError::Driver("injected"));
+    assert_eq!(e.alloc(3 * G, 512, 0, &o, &mut b), Err(AllocError::Backing("injected")));
     e.check_invariants().unwrap();
     assert_eq!(e.blocks().collect::<Vec<_>>(), before);
     assert_eq!(e.stats(), stats);

@@ -28,9 +28,9 @@ pub(super) struct FakeBacking {
     pub capacity: Option<u64>,
     pub next_token: u64,
     /// Fail the next map with this error.
-    pub fail_next_map: Option<BackingError>,
+    pub fail_next_map: Option<BackingError<&'static str>>,
     /// Fail the next unmap with this error.
-    pub fail_next_unmap: Option<BackingError>,
+    pub fail_next_unmap: Option<&'static str>,
     /// Log of unmapped ranges since the last drain.
     pub unmap_log: Vec<(u64, u64)>,
     pub maps: u64,
@@ -54,7 +54,9 @@ impl FakeBacking {
 }
 
 impl Backing for FakeBacking {
-    fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError> {
+    type Error = &'static str;
+
+    fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError<&'static str>> {
         let g = if self.granule == 0 { G } else { self.granule };
         assert!(size > 0 && offset % g == 0 && size % g == 0, "unaligned map");
         if let Some(e) = self.fail_next_map.take() {
@@ -75,7 +77,7 @@ impl Backing for FakeBacking {
         Ok(self.next_token)
     }
 
-    fn unmap(&mut self, offset: u64, size: u64, token: u64) -> Result<(), BackingError> {
+    fn unmap(&mut self, offset: u64, size: u64, token: u64) -> Result<(), &'static str> {
         if let Some(e) = self.fail_next_unmap.take() {
             return Err(e);
         }

@@ -497,11 +497,11 @@ impl Model {
                 self.b.fail_next_map = Some(if oom {
                     BackingError::OutOfMemory
                 } else {
-                    BackingError::Failed("injected".into())
+                    BackingError::Driver("injected")
                 });
             }
             Op::FailNextUnmap => {
-                self.b.fail_next_unmap = Some(BackingError::Failed("injected".into()));
+                self.b.fail_next_unmap = Some("injected");
             }
             Op::Capacity { granules } => {
                 self.b.capacity = granules.map(|n| n * self.p.granularity);
