@@ -139,13 +139,15 @@ impl Engine {
     /// # Time Complexity
     ///
     /// Served from cache: O(1) for the requesting stream and untagged memory, plus one
-    /// [`StreamOrder::eligibility`] call and at most [`CROSS_STREAM_BUDGET`] block visits
-    /// per other stream with cached blocks. Growth: O(holes + large free blocks × log
+    /// [`StreamOrder::eligibility`] call and at most [`CROSS_STREAM_BUDGET`] block visits per
+    /// other stream with cached blocks. Growth: O(holes + large free blocks × log
     /// segments), or O(n + segments) when recycling needs the exhaustive scan — always next
     /// to a driver call. The first allocation after the engine emptied, when segments were
     /// unmapped since, packs first: O(holes + the blocks and segments above `reserved`) and
     /// a driver call per moved segment (crate docs, *Packing*). Out of memory: O(n) to
     /// build the report.
+    ///
+    /// [`CROSS_STREAM_BUDGET`]: crate::CROSS_STREAM_BUDGET
     #[allow(
         clippy::result_large_err,
         reason = "the API carries OomInfo by value; the error path is cold"

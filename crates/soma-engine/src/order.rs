@@ -21,7 +21,8 @@ pub enum ReuseKind {
 }
 
 impl ReuseKind {
-    /// All kinds, in declaration order (the order of [`EngineStats::reuses`]).
+    /// All kinds, in declaration order (the order of
+    /// [`EngineStats::reuses`](crate::EngineStats::reuses)).
     pub const ALL: [ReuseKind; 5] = [
         ReuseKind::SameStream,
         ReuseKind::EventDependency,
@@ -30,7 +31,7 @@ impl ReuseKind {
         ReuseKind::HostSynchronized,
     ];
 
-    /// Index of this kind in [`EngineStats::reuses`].
+    /// Index of this kind in [`EngineStats::reuses`](crate::EngineStats::reuses).
     pub const fn index(self) -> usize {
         self as usize
     }

@@ -23,11 +23,11 @@ pub struct EngineStats {
     pub frees: u64,
     /// Allocations served with fresh memory (`reuse == None`).
     pub fresh_allocs: u64,
-    /// Allocations per reuse rule, indexed by [`ReuseKind::index`].
+    /// Allocations per reuse rule, indexed by [`ReuseKind::index`](crate::ReuseKind::index).
     pub reuses: [u64; 5],
-    /// Successful [`Backing::map`] calls.
+    /// Successful [`Backing::map`](crate::Backing::map) calls.
     pub map_calls: u64,
-    /// Successful [`Backing::unmap`] calls.
+    /// Successful [`Backing::unmap`](crate::Backing::unmap) calls.
     pub unmap_calls: u64,
     /// Segments currently mapped.
     pub mapped_segments: u64,
@@ -44,7 +44,7 @@ pub struct EngineStats {
     pub free_bytes: u64,
     /// Largest free mapped block (exact).
     pub largest_free_block: u64,
-    /// [`AllocError::OutOfMemory`] returns.
+    /// [`AllocError::OutOfMemory`](crate::AllocError::OutOfMemory) returns.
     pub ooms: u64,
 }
 
