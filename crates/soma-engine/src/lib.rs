@@ -202,6 +202,8 @@ mod search;
 mod stats;
 mod tlsf;
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

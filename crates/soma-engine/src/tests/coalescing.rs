@@ -7,7 +7,7 @@ use crate::*;
 #[test]
 fn split_and_coalesce() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 4096, 0);
     let y = alloc(&mut e, &mut b, &o, 4096, 0);
@@ -39,7 +39,7 @@ fn split_and_coalesce() {
 #[test]
 fn different_streams_never_merge() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 4096, 0);
     let y = alloc(&mut e, &mut b, &o, 4096, 0);
@@ -67,7 +67,7 @@ fn a_block_freed_on_another_stream_never_absorbs_its_neighbour() {
     // is freed onto s2; a small request of s2 must come from its own block, never from s0's
     // leftover next to it (no rule allows s2 to reuse s0's memory).
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let head = alloc(&mut e, &mut b, &o, 168448, 2);
     let big = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
@@ -93,7 +93,7 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     // (stream 1): the untagged memory joins P only — blocks of two streams never merge.
     let o = TestOrder::complete();
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
     free(&mut e, &blocks[0], 0, 2);
     free(&mut e, &blocks[2], 1, 2);
@@ -126,7 +126,7 @@ fn halves_freed_by_two_streams(e: &mut Engine, b: &mut FakeBacking) {
 #[test]
 fn settling_merges_the_observed_frees_of_different_streams() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     halves_freed_by_two_streams(&mut e, &mut b);
     let mut observed = TestOrder::default();
     observed.host_observed.insert(1, 6);
@@ -146,7 +146,7 @@ fn settling_merges_the_observed_frees_of_different_streams() {
 #[test]
 fn settling_leaves_frees_the_host_has_not_observed() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     halves_freed_by_two_streams(&mut e, &mut b);
     // Stream 2's free (at 7) is not below its observed bound: it stays tagged, and apart from
     // the settled half (merged, the settled memory would wait for stream 2's free too).
@@ -168,7 +168,7 @@ fn settled_memory_merges_with_the_frees_of_a_stream_freeing_alone() {
     // the settled memory (as on one stream). After frees of two streams it would not.
     for other_stream_frees_first in [false, true] {
         let mut e = engine(64 * G);
-        let mut b = FakeBacking::new();
+        let mut b = backing();
         let o = TestOrder::default();
         let x = alloc(&mut e, &mut b, &o, G / 2, 1);
         let y = alloc(&mut e, &mut b, &o, G / 2, 2);
@@ -194,7 +194,7 @@ fn settled_memory_merges_with_the_frees_of_a_stream_freeing_alone() {
 #[test]
 fn a_settled_block_is_a_same_stream_reuse_for_the_stream_that_freed_it() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let _filler = fill_granule(&mut e, &mut b, &o);
     let x = alloc(&mut e, &mut b, &o, G, 1);
@@ -217,7 +217,7 @@ fn settling_again_at_the_same_bound_takes_the_frees_made_since() {
     // A free after a synchronisation with nothing enqueued since has a position below the
     // bound that did not move: the next settle must not skip its stream.
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let _filler = fill_granule(&mut e, &mut b, &o);
     let x = alloc(&mut e, &mut b, &o, G, 1);

@@ -7,7 +7,7 @@ use crate::*;
 #[test]
 fn growth_extends_a_free_block_into_the_hole() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, MIB, 0); // [0, 1M), tail [1M, 2M) fresh
     let y = alloc(&mut e, &mut b, &o, 2 * MIB, 0); // extends the fresh tail: maps [2M, 4M)
@@ -32,7 +32,7 @@ fn growth_extends_a_free_block_into_the_hole() {
 #[test]
 fn growth_extends_leftwards_into_a_hole() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::complete();
     let a = alloc(&mut e, &mut b, &o, G, 0);
     let c = alloc(&mut e, &mut b, &o, G, 0);
@@ -56,7 +56,7 @@ fn growth_extends_leftwards_into_a_hole() {
 #[test]
 fn out_of_memory_then_recovery() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::with_capacity(4 * G);
+    let mut b = backing().with_capacity(4 * G);
     let mut o = TestOrder::default();
     let xs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     let before: Vec<_> = e.blocks().collect();
@@ -80,13 +80,13 @@ fn out_of_memory_then_recovery() {
 #[test]
 fn failed_map_rolls_back() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 3000, 0);
     let before: Vec<_> = e.blocks().collect();
     let stats = e.stats();
-    b.fail_next_map = Some(BackingError::Driver("injected"));
-    assert_eq!(e.alloc(3 * G, 512, 0, &o, &mut b), Err(AllocError::Backing("injected")));
+    b.fail_next_map = Some(BackingError::Driver(Injected));
+    assert_eq!(e.alloc(3 * G, 512, 0, &o, &mut b), Err(AllocError::Backing(Injected)));
     e.check_invariants().unwrap();
     assert_eq!(e.blocks().collect::<Vec<_>>(), before);
     assert_eq!(e.stats(), stats);
@@ -99,15 +99,15 @@ fn failed_map_rolls_back() {
 #[test]
 fn segment_policy() {
     let mut e = engine(1024 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::complete();
     // 64 MiB: segments of 16 MiB
     let x = alloc(&mut e, &mut b, &o, 64 * MIB, 0);
-    assert_eq!(b.mapped.values().map(|v| v.0).collect::<Vec<_>>(), vec![16 * MIB; 4]);
+    assert_eq!(b.mappings().map(|(_, size)| size).collect::<Vec<_>>(), vec![16 * MIB; 4]);
     // capped at one granule
     e.set_max_segment(1);
     let y = alloc(&mut e, &mut b, &o, 8 * MIB, 0);
-    assert_eq!(b.mapped.len(), 8);
+    assert_eq!(b.mappings().count(), 8);
     // a fully free granule inside a partly used block can be released
     free(&mut e, &y, 0, 1);
     let z = alloc(&mut e, &mut b, &o, MIB, 0);
@@ -131,7 +131,7 @@ fn segment_policy() {
 #[test]
 fn segments_are_at_least_a_512th_of_the_reserved_memory() {
     let mut e = engine(16 * 1024 * MIB);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let small = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
     assert_eq!(b.maps, 4, "a small pool maps a growth as four segments");
@@ -140,14 +140,14 @@ fn segments_are_at_least_a_512th_of_the_reserved_memory() {
     // 8224 MiB reserved: a 32 MiB growth is mapped as segments of 16 MiB, not 8 MiB.
     let x = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
     assert_eq!(b.maps - maps, 2);
-    assert_eq!(e.stats().mapped_segments, b.mapped.len() as u64);
+    assert_eq!(e.stats().mapped_segments, b.mappings().count() as u64);
     let _ = (small, big, x);
 }
 
 #[test]
 fn the_consistency_check_catches_stale_segment_boundaries() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     e.segments_per_growth = 4;
     let x = alloc(&mut e, &mut b, &o, 4 * G, 0);
@@ -183,7 +183,7 @@ fn recycling_short_of_whole_segments_refines_later_growths() {
     fixed.set_segments_per_growth(4);
     let (mut maps_of_next_growth, mut boosts) = (Vec::new(), Vec::new());
     for e in [&mut adaptive, &mut fixed] {
-        let mut b = FakeBacking::new();
+        let mut b = backing();
         recycling_short_of_whole_segments(e, &mut b, &o);
         // The three whole free segments were recycled; the partly live one could not be.
         assert_eq!(e.stats().unmap_calls, 3);
@@ -204,7 +204,7 @@ fn frees_not_complete_do_not_refine_segments() {
     // Nothing freed can be recycled: finer segments would not have helped.
     let o = TestOrder::default();
     let mut e = engine(1 << 30);
-    recycling_short_of_whole_segments(&mut e, &mut FakeBacking::new(), &o);
+    recycling_short_of_whole_segments(&mut e, &mut backing(), &o);
     assert_eq!(e.stats().unmap_calls, 0);
     assert_eq!(e.split_boost, 0);
 }
@@ -215,7 +215,7 @@ fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
     // beyond the live bytes is below 1/64 of them.
     let o = TestOrder::complete();
     let mut e = engine(8 << 30);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     alloc(&mut e, &mut b, &o, 2 << 30, 0);
     recycling_short_of_whole_segments(&mut e, &mut b, &o);
     assert_eq!(e.stats().unmap_calls, 3, "recycling fell short as before");
@@ -228,7 +228,7 @@ fn the_free_block_a_growth_extends_does_not_refine_segments() {
     // above it: recycling must not touch them, and finer segments would not change that.
     let o = TestOrder::complete();
     let mut e = engine(1 << 30);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let a = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
     free(&mut e, &a, 0, 1);
     alloc(&mut e, &mut b, &o, MIB, 0);

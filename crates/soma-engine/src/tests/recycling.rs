@@ -7,7 +7,7 @@ use crate::*;
 fn recycling_unmaps_complete_free_segments_before_mapping() {
     let mut e = engine(64 * G);
     e.segments_per_growth = 1;
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
     let guard = alloc(&mut e, &mut b, &o, G, 0);
@@ -55,7 +55,7 @@ fn without_recycling_growth_only_maps() {
         let mut e = engine(64 * G);
         e.segments_per_growth = 1;
         e.set_recycle_on_growth(recycle);
-        let mut b = FakeBacking::new();
+        let mut b = backing();
         let mut o = TestOrder::default();
         let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
         let guard = alloc(&mut e, &mut b, &o, G, 0);
@@ -86,7 +86,7 @@ fn without_recycling_memory_pressure_still_releases() {
     let mut e = engine(64 * G);
     e.segments_per_growth = 1;
     e.set_recycle_on_growth(false);
-    let mut b = FakeBacking::with_capacity(4 * G);
+    let mut b = backing().with_capacity(4 * G);
     let mut o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 2 * G, 0);
     let _guard = alloc(&mut e, &mut b, &o, G, 0);
@@ -104,7 +104,7 @@ fn without_recycling_memory_pressure_still_releases() {
 fn recycling_finds_segments_split_between_streams() {
     let mut e = engine(64 * G);
     e.segments_per_growth = 1;
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     // one 4 MiB segment holding two 2 MiB blocks, freed on two streams: they never merge
     let x = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
@@ -133,7 +133,7 @@ fn recycling_finds_segments_split_between_streams() {
 #[test]
 fn recycling_takes_segments_of_the_smallest_free_blocks_first() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     // [0, 2G) S: one 2-granule segment | guard | [3G, 7G) B: four 1-granule segments | guard
     // | [8G, 13G) T, at the end of the mapped space
@@ -178,7 +178,7 @@ proptest::proptest! {
     ) {
         let mut engines = [engine(64 * G), engine(64 * G)];
         engines[1].recycle_scan_all = true;
-        let mut backings = [FakeBacking::new(), FakeBacking::new()];
+        let mut backings = [backing(), backing()];
         let mut o = TestOrder::complete();
         for s in 0..3 {
             o.host_observed.insert(s, u64::MAX);
@@ -244,17 +244,11 @@ fn random_churn(
     mut each: impl FnMut(&Engine, bool),
 ) {
     let o = TestOrder::complete();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = TestRng::default();
     let (mut live, mut bytes, mut pos, mut done) = (Vec::new(), 0, 0, 0);
     while done < allocs {
-        let size = next() % max + 1;
-        if next() % 100 < 73 && bytes + size <= cap {
+        let size = rng.below(max) + 1;
+        if rng.chance(73) && bytes + size <= cap {
             let (unmaps, empty) = (e.stats().unmap_calls, live.is_empty());
             let a = e.alloc(size, 512, 0, &o, b).unwrap();
             each(e, !empty && e.stats().unmap_calls > unmaps);
@@ -262,7 +256,7 @@ fn random_churn(
             live.push(a);
             done += 1;
         } else if !live.is_empty() {
-            let a = live.swap_remove((next() % live.len() as u64) as usize);
+            let a = live.swap_remove(rng.index(live.len()));
             pos += 1;
             e.free(a.block, tag(0, pos)).unwrap();
             bytes -= a.size;
@@ -275,7 +269,7 @@ fn random_churn(
 fn chronic_recycling_pauses_and_the_reserved_high_rises() {
     use crate::recycle::{RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
     let mut e = engine(1 << 40);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     // The allocation counts of the growths that recycled; when recycling paused, and the
     // reserved high-water mark then.
     let mut recycled_at = Vec::new();
@@ -319,7 +313,7 @@ fn paused_recycling_still_releases_under_memory_pressure() {
     // capacity and releases idle memory anywhere (as without recycling), so every
     // allocation still succeeds.
     let mut e = engine(1 << 40);
-    let mut b = FakeBacking::with_capacity(1150 * G);
+    let mut b = backing().with_capacity(1150 * G);
     random_churn(&mut e, &mut b, 6000, 16 * G, 1024 * G, |_, _| {});
     assert!(e.stats().recycling_pauses >= 1, "{:?}", e.stats());
     assert_eq!(e.stats().ooms, 0);

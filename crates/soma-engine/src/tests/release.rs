@@ -6,7 +6,7 @@ use crate::*;
 #[test]
 fn release_respects_live_and_incomplete_memory() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     let segs: Vec<_> = (0..6).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     let small = alloc(&mut e, &mut b, &o, 4096, 0); // in segment 6, with fresh tail
@@ -36,7 +36,7 @@ fn release_respects_live_and_incomplete_memory() {
 #[test]
 fn release_goes_highest_first_and_stops_at_the_target() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::complete();
     let segs: Vec<_> = (0..4).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     let live = alloc(&mut e, &mut b, &o, G, 0);
@@ -66,7 +66,7 @@ fn release_keeps_the_target_when_one_segment_holds_more() {
     let setup = || {
         let mut e = engine(64 * G);
         e.set_segments_per_growth(1);
-        let mut b = FakeBacking::new();
+        let mut b = backing();
         let o = TestOrder::complete();
         let a = alloc(&mut e, &mut b, &o, 8 * G, 0);
         free(&mut e, &a, 0, 1);
@@ -96,7 +96,7 @@ fn release_keeps_the_target_when_one_segment_holds_more() {
     // Segments that fit go whole, before the one that does not is cut.
     let mut e = engine(64 * G);
     e.set_segments_per_growth(1);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::complete();
     let all: Vec<_> = [8 * G, G, G].iter().map(|&n| alloc(&mut e, &mut b, &o, n, 0)).collect();
     for a in &all {
@@ -112,14 +112,14 @@ fn release_keeps_the_target_when_one_segment_holds_more() {
 #[test]
 fn release_unmap_error_keeps_state_exact() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::complete();
     let segs: Vec<_> = (0..3).map(|_| alloc(&mut e, &mut b, &o, G, 0)).collect();
     for a in &segs {
         free(&mut e, a, 0, 1);
     }
-    b.fail_next_unmap = Some("nope");
-    assert_eq!(e.release(0, &o, &mut b), Err("nope"));
+    b.fail_next_unmap = true;
+    assert_eq!(e.release(0, &o, &mut b), Err(Injected));
     e.check_invariants().unwrap();
     assert_eq!(e.reserved(), 3 * G);
     assert_eq!(e.release(0, &o, &mut b).unwrap(), 3 * G);
@@ -130,7 +130,7 @@ fn release_unmap_error_keeps_state_exact() {
 #[test]
 fn teardown_unmaps_everything() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 3 * G, 0);
     let y = alloc(&mut e, &mut b, &o, 1000, 1);
@@ -163,7 +163,7 @@ fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
 fn an_engine_that_empties_packs_its_mapped_memory_before_the_next_allocation() {
     let o = TestOrder::complete();
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     empty_above_a_hole(&mut e, &mut b, &o);
     assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);
     let (unmaps, high) = (e.stats().unmap_calls, e.stats().reserved_high);
@@ -187,7 +187,7 @@ fn an_engine_with_live_blocks_does_not_pack() {
     // above `reserved` (3G) and could move, but only an empty engine packs.
     let o = TestOrder::complete();
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 0);
     free(&mut e, &blocks[2], 0, 2);
     free(&mut e, &blocks[3], 0, 2);
@@ -201,7 +201,7 @@ fn packing_moves_only_segments_whose_frees_completed() {
     let mut o = TestOrder::default();
     o.complete_bound.insert(0, 2);
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     empty_above_a_hole(&mut e, &mut b, &o);
     let unmaps = e.stats().unmap_calls;
     alloc(&mut e, &mut b, &o, 4096, 0);
@@ -214,7 +214,7 @@ fn an_engine_without_recycling_never_packs() {
     let o = TestOrder::complete();
     let mut e = engine(64 * G);
     e.set_recycle_on_growth(false);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     empty_above_a_hole(&mut e, &mut b, &o);
     alloc(&mut e, &mut b, &o, 4096, 0);
     assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);

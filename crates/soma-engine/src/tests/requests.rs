@@ -7,7 +7,7 @@ use crate::*;
 #[test]
 fn basic_alloc_free_reuse() {
     let mut e = engine(64 * MIB);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let a = e.alloc(1000, 512, 0, &o, &mut b).unwrap();
     assert_eq!(a.offset, 0);
@@ -61,7 +61,7 @@ fn round_size_rules() {
 #[test]
 fn bad_sizes_and_alignments() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     assert!(matches!(e.alloc(0, 512, 0, &o, &mut b), Err(AllocError::InvalidSize(_))));
     assert!(matches!(e.alloc(u64::MAX, 512, 0, &o, &mut b), Err(AllocError::InvalidSize(_))));
@@ -81,7 +81,7 @@ fn bad_sizes_and_alignments() {
 #[test]
 fn alignment_is_honoured_and_kept() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let small = alloc(&mut e, &mut b, &o, 512, 0);
     assert_eq!(small.offset, 0);
@@ -106,7 +106,7 @@ fn alignment_is_honoured_and_kept() {
 #[test]
 fn same_stream_hot_path_finds_the_just_freed_block() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     // Many free blocks of assorted sizes around.
     let mut keep = Vec::new();
@@ -137,7 +137,7 @@ fn same_stream_hot_path_finds_the_just_freed_block() {
 #[test]
 fn other_stream_blocks_need_a_rule() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     let _filler = fill_granule(&mut e, &mut b, &o);
     let a = alloc(&mut e, &mut b, &o, G, 1);
@@ -194,7 +194,7 @@ fn other_stream_blocks_need_a_rule() {
 #[test]
 fn internal_dependency_only_when_growth_fails() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::with_capacity(2 * G);
+    let mut b = backing().with_capacity(2 * G);
     let mut o = TestOrder::default();
     let _filler = fill_granule(&mut e, &mut b, &o);
     let a = alloc(&mut e, &mut b, &o, G, 1);
@@ -233,7 +233,7 @@ fn internal_dependency_only_when_growth_fails() {
 #[test]
 fn cross_stream_search_is_bounded_per_stream() {
     let mut e = engine(256 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     // 40 blocks of 64 KiB on stream 1, separated by live guards so they cannot coalesce;
     // the oldest (freed first, at pos 0) sits deepest in the LIFO list
@@ -270,7 +270,7 @@ fn cross_stream_search_is_bounded_per_stream() {
 #[test]
 fn stale_ids_and_double_frees() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 4096, 0);
     let y = alloc(&mut e, &mut b, &o, 4096, 0);
@@ -307,7 +307,7 @@ fn block_ids_are_one_word_and_round_trip_through_raw() {
     let none = BlockId::from_raw(0);
     assert_eq!((none.index(), none.generation()), (NIL, 0));
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 4096, 0);
     assert_eq!(e.free(none, tag(0, 1)), Err(FreeError::UnknownBlock));
@@ -319,7 +319,7 @@ fn block_ids_are_one_word_and_round_trip_through_raw() {
 #[test]
 fn lookup_by_offset() {
     let mut e = engine(8 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 1000, 0);
     let y = alloc(&mut e, &mut b, &o, 3000, 0);
@@ -331,14 +331,14 @@ fn lookup_by_offset() {
     let mut cfg = *e.config();
     cfg.index_by_offset = false;
     let mut e2 = Engine::new(cfg).unwrap();
-    let z = e2.alloc(1000, 512, 0, &o, &mut FakeBacking::new()).unwrap();
+    let z = e2.alloc(1000, 512, 0, &o, &mut backing()).unwrap();
     assert_eq!(e2.lookup(z.offset), None);
 }
 
 #[test]
 fn relocate_lower_moves_into_eligible_lower_space() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let mut o = TestOrder::default();
     let a = alloc(&mut e, &mut b, &o, 8192, 0);
     let c = alloc(&mut e, &mut b, &o, 8192, 0);
@@ -371,7 +371,7 @@ fn relocate_lower_moves_into_eligible_lower_space() {
 #[test]
 fn stats_track_highs_and_counters() {
     let mut e = engine(64 * G);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let x = alloc(&mut e, &mut b, &o, 3 * G, 0);
     let y = alloc(&mut e, &mut b, &o, 512, 0);
@@ -417,7 +417,7 @@ fn hot_path_timing_with(index: bool) {
     let mut e =
         Engine::new(EngineConfig { index_by_offset: index, ..EngineConfig::new(1024 * G, G) })
             .unwrap();
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder::default();
     let keep: Vec<_> =
         (0..1000).map(|i| e.alloc(512 * (1 + i % 300), 512, 0, &o, &mut b).unwrap()).collect();

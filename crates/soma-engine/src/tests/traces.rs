@@ -102,7 +102,7 @@ fn replay(
     })
     .unwrap();
     configure(&mut e);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder { all_complete: complete, ..TestOrder::default() };
     let mut live = HashMap::new();
     let mut peak_live_requested = 0u64;
@@ -241,7 +241,7 @@ fn trace_fragmentation_two_streams() {
                 index_by_offset: false,
             })
             .unwrap();
-            let mut b = FakeBacking::new();
+            let mut b = backing();
             let mut o = TestOrder::complete();
             if cross {
                 // opportunistic: everything complete
@@ -356,7 +356,7 @@ fn replay_repeatedly(
 ) -> Vec<(f64, u64, u64)> {
     let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
     configure(&mut e);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let (n, synchronized) = match streams {
         Streams::One => (1, false),
         Streams::InTurn(n) => (n, false),
