@@ -106,7 +106,7 @@ impl Engine {
     /// When internal dependencies are allowed, take another stream's cached block with a
     /// dependency *before* growing (`true`), instead of only when growth fails (`false`, the
     /// default, CUDA's order — see the crate docs). `true` trades stream concurrency for less
-    /// mapping.
+    /// mapping; soma's pool sets it on every engine.
     pub fn set_dependency_before_growth(&mut self, yes: bool) {
         self.dependency_first = yes;
     }

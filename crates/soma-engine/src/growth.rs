@@ -24,10 +24,11 @@ pub(crate) const SEGMENTS_PER_GROWTH: u64 = 4;
 /// that are not complete never count (finer segments would not help them), and workloads
 /// whose recycling never falls short keep 4 and their map calls.
 ///
-/// Measured (`trace_fragmentation_by_segments_per_growth`) on the four shared PyTorch traces
-/// and 13 more recorded with their tool (the first 13 of `scripts/extra_trace_recipes.py`:
-/// batched decode with retiring rows, a GPT-2 request stream of varying prompts, beam
-/// search, training with varying lengths, T5, ViT, RoBERTa, BERT-large), peak reserved /
+/// Measured (`trace_fragmentation_by_segments_per_growth`) on the four PyTorch traces of
+/// `data/traces` and 13 more recorded with their tool (the first 13 of
+/// `scripts/extra_trace_recipes.py`: batched decode with retiring rows, a GPT-2 request
+/// stream of varying prompts, beam search, training with varying lengths, T5, ViT, RoBERTa,
+/// BERT-large), peak reserved /
 /// peak used: 4 fixed up to 1.081 (the request stream, whose 32 MiB attention temporaries
 /// interleave with a growing KV cache), BERT 1.033; adaptive at most 1.024 (Mistral, as with
 /// 4 fixed), the request stream 1.023, BERT 1.008 (1.7x its map calls), the traces without

@@ -1,10 +1,14 @@
-//! The pool engine's bookkeeping: pure, safe Rust over an offset space, testable without a
-//! device (see DESIGN.md §4).
+//! The bookkeeping of soma's stream-ordered pool: pure, safe Rust over an offset space,
+//! testable without a device.
 //!
-//! The typed layer (`crate::pool`) owns one [`Engine`] per pool behind a mutex and talks to
-//! the device only through the [`Backing`] it passes in. The engine hands out *offsets* in
-//! `[0, range_size)` and never touches memory (like offset-allocator): it decides which
+//! soma-core's pool (`soma_core::MemPool`, which re-exports this crate as
+//! `soma_core::engine`) owns one [`Engine`] per pool, or per shard, behind a mutex and talks
+//! to the device only through the [`Backing`] it passes in. The engine hands out *offsets*
+//! in `[0, range_size)` and never touches memory (like offset-allocator): it decides which
 //! granules are mapped, which block serves which request and which reuse rule justified it.
+//! The feature `testing` adds `soma_engine::testing`: the fake backing, stream orders and
+//! test generator that the engine's tests, the benchmark baselines and the fuzz targets
+//! share.
 //!
 //! # Structure
 //!
@@ -63,23 +67,27 @@
 //!    unmapped so that peak reserved memory does not grow while free physical memory sits
 //!    idle. On [`BackingError::OutOfMemory`] (or when no unmapped hole is large enough),
 //!    recyclable free segments are released like [`Engine::release`] does (highest first)
-//!    until at least the request's size went back, and growth is retried once.
-//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]; before step 3
-//!    instead after [`Engine::set_dependency_before_growth`]): best fit among
-//!    any other stream's cached blocks (bounded like step 2); the returned
+//!    until at least the request's size went back, and growth is retried; if it still finds
+//!    no room, every recyclable segment is released and growth is tried once more.
+//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit
+//!    among any other stream's cached blocks (bounded like step 2); the returned
 //!    [`Allocation::dependency`] is the block's tag, which the caller must turn into a real
-//!    event wait.
+//!    event wait. By default this step comes after growth; with
+//!    [`Engine::set_dependency_before_growth`]`(true)` it comes before step 3 and again
+//!    before each retry of growth.
 //! 5. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
 //!    cached bytes that were not eligible and the position to wait for.
 //!
-//! Internal dependencies come *after* growth, as in CUDA: its programming guide (stream
-//! ordered allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies`
-//! as the fallback taken after failing to allocate and map more physical memory — only then
-//! does the driver look for memory that depends on another stream's pending progress.
-//! Rationale: an inserted dependency serialises two streams for the rest of their work — a
-//! cost the user cannot see and that can be far larger than a map call — while growth costs
-//! a driver call and, thanks to recycling, little extra peak memory. Under memory pressure
-//! the dependency is taken rather than failing.
+//! soma's pool sets [`Engine::set_dependency_before_growth`]`(true)` on every engine: when
+//! internal dependencies are allowed, every enabled reuse rule, rule 4 included, is tried
+//! before fresh memory is mapped (the order `docs/semantics.md` states). The engine's own
+//! default is CUDA's order, rule 4 after growth: CUDA's programming guide (stream ordered
+//! allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies` as the
+//! fallback taken after failing to allocate and map more physical memory. The trade-off: an
+//! inserted dependency serialises two streams for the rest of their work — a cost the user
+//! cannot see and that can be far larger than a map call — while growth costs a driver call
+//! and, thanks to recycling, little extra peak memory; taking the dependency first maps
+//! less. In either order, under memory pressure the dependency is taken rather than failing.
 //!
 //! # Growth and recycling
 //!
@@ -115,10 +123,10 @@
 //! *smallest* free blocks up — large free blocks stay whole to serve the requests they fit,
 //! as in best fit — and, among the fewest such candidates that cover the excess, the
 //! smallest segment that covers what remains, else the largest, until the excess is recycled
-//! or no candidate is left. Candidates are first the segments inside one free block of at least one granule
-//! (found through the free indices and a bitset of segment boundaries); when those do not cover the excess, an exhaustive scan
-//! also finds segments covered by several free blocks (such as blocks of different streams,
-//! which never merge). Memory freed on the requesting stream but not complete is *not*
+//! or no candidate is left. Candidates are first the segments inside one free block of at
+//! least one granule (found through the free indices and a bitset of segment boundaries);
+//! when those do not cover the excess, an exhaustive scan also finds segments covered by
+//! several free blocks (such as blocks of different streams, which never merge). Memory freed on the requesting stream but not complete is *not*
 //! recycled: unmapping takes effect on the host immediately, not in stream order, so
 //! in-flight work could still touch it. Below the all-time high nothing is recycled: mapping
 //! then costs no peak memory, and recycling would only add driver calls.

@@ -6,12 +6,13 @@
 pub struct TestRng(u64);
 
 impl TestRng {
-    /// The state a seed of 0 stands for (xorshift's state must not be 0).
-    pub const DEFAULT_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+    /// The starting state [`TestRng::default`] uses, and the one a start of 0 stands for
+    /// (xorshift's state must not be 0).
+    pub const DEFAULT_START: u64 = 0x9E37_79B9_7F4A_7C15;
 
-    /// A generator starting from `seed` (0 means [`TestRng::DEFAULT_SEED`]).
-    pub fn new(seed: u64) -> TestRng {
-        TestRng(if seed == 0 { Self::DEFAULT_SEED } else { seed })
+    /// A generator starting from state `start` (0 means [`TestRng::DEFAULT_START`]).
+    pub fn new(start: u64) -> TestRng {
+        TestRng(if start == 0 { Self::DEFAULT_START } else { start })
     }
 
     /// The next 64 random bits.
@@ -49,9 +50,9 @@ impl TestRng {
 }
 
 impl Default for TestRng {
-    /// A generator from [`TestRng::DEFAULT_SEED`].
+    /// A generator from [`TestRng::DEFAULT_START`].
     fn default() -> TestRng {
-        TestRng::new(Self::DEFAULT_SEED)
+        TestRng::new(Self::DEFAULT_START)
     }
 }
 
