@@ -1,5 +1,5 @@
-//! Fuzz target: op sequences of the pool engine (`soma_core::engine::Engine`) over a fake
-//! backing and a table-driven stream order, both written here.
+//! Fuzz target: op sequences of the pool engine (`soma_engine::Engine`) over the engine's
+//! checked fake backing and its model of stream order (`soma_engine::testing`).
 //!
 //! After every op: `check_invariants()`, no two live blocks overlap, `used` is the sum of the
 //! live sizes, the backing maps exactly `reserved` bytes, every block handed out that
@@ -8,14 +8,10 @@
 //! ranges hold no live block and no incomplete free, and a failed call changes nothing.
 #![no_main]
 
-use std::collections::BTreeMap;
-
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use soma_core::engine::{
-    AllocError, Allocation, Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig,
-    FreeTag, StreamOrder, StreamSlot,
-};
+use soma_engine::testing::{FakeBacking, Injected, StreamClocks};
+use soma_engine::{AllocError, Allocation, BackingError, BlockId, Engine, EngineConfig, FreeTag};
 
 const G: u64 = 2 << 20;
 const GRANULES: u64 = 48;
@@ -44,94 +40,6 @@ struct Input {
     ops: Vec<Op>,
 }
 
-#[derive(Default)]
-struct FakeBacking {
-    mapped: BTreeMap<u64, (u64, u64)>,
-    capacity: Option<u64>,
-    next_token: u64,
-    fail_next_map: Option<BackingError>,
-    fail_next_unmap: bool,
-    unmapped: Vec<(u64, u64)>,
-}
-
-impl FakeBacking {
-    fn total(&self) -> u64 {
-        self.mapped.values().map(|v| v.0).sum()
-    }
-}
-
-impl Backing for FakeBacking {
-    fn map(&mut self, offset: u64, size: u64) -> Result<u64, BackingError> {
-        assert!(
-            size > 0 && offset.is_multiple_of(G) && size.is_multiple_of(G),
-            "unaligned map {offset} {size}"
-        );
-        assert!(offset + size <= GRANULES * G, "map outside the range");
-        if let Some(e) = self.fail_next_map.take() {
-            return Err(e);
-        }
-        if self.capacity.is_some_and(|cap| self.total() + size > cap) {
-            return Err(BackingError::OutOfMemory);
-        }
-        if let Some((&o, &(s, _))) = self.mapped.range(..offset + size).next_back() {
-            assert!(o + s <= offset, "map over an existing mapping");
-        }
-        self.next_token += 1;
-        self.mapped.insert(offset, (size, self.next_token));
-        Ok(self.next_token)
-    }
-
-    fn unmap(&mut self, offset: u64, size: u64, token: u64) -> Result<(), BackingError> {
-        if std::mem::take(&mut self.fail_next_unmap) {
-            return Err(BackingError::Failed("injected".into()));
-        }
-        assert_eq!(
-            self.mapped.remove(&offset),
-            Some((size, token)),
-            "unmap of a range not mapped as such"
-        );
-        self.unmapped.push((offset, size));
-        Ok(())
-    }
-}
-
-#[derive(Clone, Default)]
-struct Clock {
-    pos: [u64; STREAMS],
-    completed: [u64; STREAMS],
-    host: [u64; STREAMS],
-    vc: [[u64; STREAMS]; STREAMS],
-    follow: bool,
-    opportunistic: bool,
-    internal: bool,
-}
-
-struct Order<'a> {
-    c: &'a Clock,
-    requester: Option<usize>,
-}
-
-impl StreamOrder for Order<'_> {
-    fn eligibility(&self, s: StreamSlot) -> Eligibility {
-        let s = s as usize;
-        let t = self.requester.expect("eligibility without a requester");
-        assert_ne!(s, t, "eligibility asked for the requesting stream");
-        Eligibility {
-            host_observed: self.c.host[s] + 1,
-            event: if self.c.follow { self.c.vc[t][s] } else { 0 },
-            completed: if self.c.opportunistic { self.c.completed[s] + 1 } else { 0 },
-        }
-    }
-
-    fn internal_dependencies(&self) -> bool {
-        self.requester.is_some() && self.c.internal
-    }
-
-    fn is_complete(&self, tag: FreeTag) -> bool {
-        tag.pos <= self.c.completed[tag.stream as usize]
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Live {
     block: BlockId,
@@ -149,7 +57,7 @@ struct Freed {
 struct Model {
     e: Engine,
     b: FakeBacking,
-    c: Clock,
+    c: StreamClocks,
     live: Vec<Live>,
     freed: Vec<Freed>,
 }
@@ -167,9 +75,9 @@ impl Model {
             }
             let s = f.tag.stream as usize;
             let ok = s == t
-                || f.tag.pos <= self.c.host[s]
+                || f.tag.pos < self.c.host_bound(s)
                 || (self.c.follow && f.tag.pos < self.c.vc[t][s])
-                || (self.c.opportunistic && f.tag.pos <= self.c.completed[s])
+                || (self.c.opportunistic && f.tag.pos < self.c.complete_bound(s))
                 || a.dependency.is_some_and(|d| d.stream == f.tag.stream && d.pos >= f.tag.pos);
             assert!(ok, "{a:?} for stream {t} reuses {f:?} without a rule");
             if f.off < off {
@@ -183,15 +91,13 @@ impl Model {
         if let Some(d) = a.dependency {
             // The caller makes `t` wait for `d.stream` up to its current position.
             assert!(self.c.internal, "a dependency with the switch off");
-            let s = d.stream as usize;
-            self.c.pos[s] += 1;
-            self.c.vc[t][s] = self.c.vc[t][s].max(self.c.pos[s]);
+            self.c.event_wait(t, d.stream as usize);
         }
     }
 
     /// Unmapped ranges held only complete frees and no live block; they are fresh now.
     fn drain_unmapped(&mut self) {
-        for (o, len) in std::mem::take(&mut self.b.unmapped) {
+        for (o, len) in std::mem::take(&mut self.b.unmap_log) {
             let end = o + len;
             for l in &self.live {
                 assert!(l.off + l.size <= o || l.off >= end, "unmapped a live block {l:?}");
@@ -199,7 +105,10 @@ impl Model {
             for f in &self.freed {
                 if f.off < end && o < f.end {
                     let s = f.tag.stream as usize;
-                    assert!(f.tag.pos <= self.c.completed[s], "unmapped an incomplete free {f:?}");
+                    assert!(
+                        f.tag.pos < self.c.complete_bound(s),
+                        "unmapped an incomplete free {f:?}"
+                    );
                 }
             }
             self.freed.retain(|f| f.end <= o || f.off >= end);
@@ -234,8 +143,8 @@ fuzz_target!(|input: Input| {
     e.set_max_segment(u64::from(input.max_segment_granules % 9) * G);
     let mut m = Model {
         e,
-        b: FakeBacking::default(),
-        c: Clock::default(),
+        b: FakeBacking::checked(G).within(GRANULES * G),
+        c: StreamClocks::new(STREAMS),
         live: Vec::new(),
         freed: Vec::new(),
     };
@@ -247,7 +156,7 @@ fuzz_target!(|input: Input| {
                 let t = st(stream);
                 let align = if align_log == 255 { 3 } else { 1u64 << (align_log % 23) };
                 let before = m.e.stats();
-                let order = Order { c: &m.c, requester: Some(t) };
+                let order = m.c.order(t as u32);
                 let r = m.e.alloc(
                     u64::from(size) % (GRANULES * G * 5 / 4),
                     align,
@@ -282,38 +191,21 @@ fuzz_target!(|input: Input| {
                 }
                 let l = m.live.swap_remove(which as usize % m.live.len());
                 let s = st(stream);
-                let tag = FreeTag { stream: s as u32, pos: m.c.pos[s] };
+                let tag = m.c.free_tag(s);
                 m.e.free(l.block, tag).unwrap();
                 assert!(m.e.free(l.block, tag).is_err(), "double free accepted");
                 m.freed.push(Freed { off: l.off, end: l.off + l.size, tag });
             }
-            Op::Work { stream } => m.c.pos[st(stream)] += 1,
-            Op::Complete { stream } => {
-                let s = st(stream);
-                m.c.completed[s] = m.c.pos[s];
-            }
-            Op::HostSync { stream } => {
-                let s = st(stream);
-                m.c.completed[s] = m.c.pos[s];
-                m.c.host[s] = m.c.pos[s];
-            }
-            Op::EventWait { waiter, on } => {
-                let (t, s) = (st(waiter), st(on));
-                if t != s {
-                    m.c.pos[s] += 1;
-                    let mut clock = m.c.vc[s];
-                    clock[s] = m.c.pos[s];
-                    for (x, v) in clock.iter().enumerate() {
-                        m.c.vc[t][x] = m.c.vc[t][x].max(*v);
-                    }
-                }
-            }
+            Op::Work { stream } => m.c.work(st(stream)),
+            Op::Complete { stream } => m.c.complete(st(stream)),
+            Op::HostSync { stream } => m.c.host_sync(st(stream)),
+            Op::EventWait { waiter, on } => m.c.event_wait(st(waiter), st(on)),
             Op::Switches { follow, opportunistic, internal } => {
                 (m.c.follow, m.c.opportunistic, m.c.internal) = (follow, opportunistic, internal);
             }
             Op::Release { keep_granules } => {
                 let before = m.e.stats().reserved;
-                let order = Order { c: &m.c, requester: None };
+                let order = m.c.no_requester();
                 m.b.fail_next_unmap = std::mem::take(&mut unmap_fault);
                 let r = m.e.release(u64::from(keep_granules) * G, &order, &mut m.b);
                 m.b.fail_next_unmap = false;
@@ -328,7 +220,7 @@ fuzz_target!(|input: Input| {
                 }
                 let i = which as usize % m.live.len();
                 let t = st(stream);
-                let order = Order { c: &m.c, requester: Some(t) };
+                let order = m.c.order(t as u32);
                 if let Some(a) = m.e.relocate_lower(m.live[i].block, t as u32, &order) {
                     assert!(a.offset < m.live[i].off && a.size == m.live[i].size, "{a:?}");
                     m.take(&a, t);
@@ -336,7 +228,7 @@ fuzz_target!(|input: Input| {
                         &mut m.live[i],
                         Live { block: a.block, off: a.offset, size: a.size },
                     );
-                    let tag = FreeTag { stream: t as u32, pos: m.c.pos[t] };
+                    let tag = m.c.free_tag(t);
                     m.e.free(old.block, tag).unwrap();
                     m.freed.push(Freed { off: old.off, end: old.off + old.size, tag });
                 }
@@ -345,12 +237,12 @@ fuzz_target!(|input: Input| {
                 m.b.fail_next_map = Some(if oom {
                     BackingError::OutOfMemory
                 } else {
-                    BackingError::Failed("injected".into())
+                    BackingError::Driver(Injected)
                 });
             }
             // Armed for the next release only: a failing unmap while a failed growth rolls back
             // its first segments leaves them mapped in the backing, untracked (documented as
-            // best effort in engine/growth.rs; see docs/fuzzing.md).
+            // best effort in crates/soma-engine/src/growth.rs; see docs/fuzzing.md).
             Op::FailNextUnmap => unmap_fault = true,
             Op::Capacity { granules } => m.b.capacity = granules.map(|g| u64::from(g % 64) * G),
         }
@@ -358,11 +250,14 @@ fuzz_target!(|input: Input| {
     }
     // Free everything, complete everything: the engine gives every byte back.
     for l in std::mem::take(&mut m.live) {
-        m.e.free(l.block, FreeTag { stream: 0, pos: m.c.pos[0] }).unwrap();
+        let tag = m.c.free_tag(0);
+        m.e.free(l.block, tag).unwrap();
     }
-    m.c.completed = m.c.pos;
+    for s in 0..STREAMS {
+        m.c.complete(s);
+    }
     m.b.fail_next_unmap = false;
-    let order = Order { c: &m.c, requester: None };
+    let order = m.c.no_requester();
     m.e.release(0, &order, &mut m.b).unwrap();
     m.e.check_invariants().unwrap();
     assert_eq!(m.e.stats().reserved, 0, "memory left after freeing and releasing everything");

@@ -10,7 +10,6 @@
 //! | [`Device`], [`Stream`], [`Event`] | typed handles; they feed the happens-before knowledge |
 //! | [`MemPool`], [`PoolAlloc`], [`attr`] | the stream-ordered pool and its typed attributes |
 
-pub mod engine;
 pub mod hal;
 pub mod observe;
 
@@ -22,6 +21,9 @@ mod event;
 mod pool;
 mod stream;
 mod sync;
+
+/// The pool's bookkeeping over an offset space (the `soma-engine` crate).
+pub use soma_engine as engine;
 
 pub use buffer::{BufferOwner, DeviceBuffer, DriverAlloc};
 pub use clock::VectorClock;

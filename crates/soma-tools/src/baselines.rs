@@ -28,10 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use soma::hal::{DeviceHal, DevicePtr};
 use soma::{MemPool, PoolAlloc, Stream};
-use soma_core::engine::{
-    Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig, EngineStats, FreeTag,
-    StreamOrder, StreamSlot,
-};
+use soma_core::engine::{BlockId, Engine, EngineConfig, EngineStats, FreeTag};
+use soma_engine::testing::{FakeBacking, TestOrder};
 
 use crate::{round_up, GRANULE};
 
@@ -64,58 +62,14 @@ pub trait Allocator {
 // ---------------------------------------------------------------------------------------
 // soma: engine alone
 
-/// A [`Backing`] that maps nothing and counts bytes and calls.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CountingBacking {
-    /// Bytes currently mapped.
-    pub mapped: u64,
-    /// High-water mark of `mapped`.
-    pub mapped_high: u64,
-    /// `map` calls.
-    pub maps: u64,
-    /// `unmap` calls.
-    pub unmaps: u64,
-}
-
-impl Backing for CountingBacking {
-    fn map(&mut self, _offset: u64, size: u64) -> Result<u64, BackingError> {
-        self.mapped += size;
-        self.mapped_high = self.mapped_high.max(self.mapped);
-        self.maps += 1;
-        Ok(self.maps)
-    }
-
-    fn unmap(&mut self, _offset: u64, size: u64, _token: u64) -> Result<(), BackingError> {
-        self.mapped -= size;
-        self.unmaps += 1;
-        Ok(())
-    }
-}
-
-/// Stream order of a single stream whose device keeps up: every free has completed (what
-/// the public API sees on the software NPU when no kernel is pending). Never consulted for
-/// eligibility (there is no other stream).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SingleStreamComplete;
-
-impl StreamOrder for SingleStreamComplete {
-    fn eligibility(&self, _s: StreamSlot) -> Eligibility {
-        Eligibility { host_observed: u64::MAX, event: 0, completed: 0 }
-    }
-    fn internal_dependencies(&self) -> bool {
-        false
-    }
-    fn is_complete(&self, _tag: FreeTag) -> bool {
-        true
-    }
-}
-
 /// soma's engine alone (no device, no lock): stream 0, frees tagged with increasing
-/// positions, every free complete.
+/// positions, every free complete (what the public API sees on the software NPU when no
+/// kernel is pending), over the engine's counting fake backing.
 #[derive(Debug)]
 pub struct SomaEngine {
     engine: Engine,
-    backing: CountingBacking,
+    backing: FakeBacking,
+    order: TestOrder,
     pos: u64,
     recycle: bool,
 }
@@ -145,7 +99,13 @@ impl SomaEngine {
         })
         .expect("engine configuration");
         engine.set_recycle_on_growth(recycle);
-        SomaEngine { engine, backing: CountingBacking::default(), pos: 0, recycle }
+        SomaEngine {
+            engine,
+            backing: FakeBacking::counting(),
+            order: TestOrder::complete(),
+            pos: 0,
+            recycle,
+        }
     }
 
     /// The engine's counters.
@@ -153,9 +113,9 @@ impl SomaEngine {
         self.engine.stats()
     }
 
-    /// The fake backing's counters.
-    pub fn backing(&self) -> CountingBacking {
-        self.backing
+    /// The fake backing, for its counters.
+    pub fn backing(&self) -> &FakeBacking {
+        &self.backing
     }
 }
 
@@ -171,10 +131,7 @@ impl Allocator for SomaEngine {
     #[inline]
     fn alloc(&mut self, bytes: u64) -> Option<BlockId> {
         let align = self.engine.config().alignment;
-        self.engine
-            .alloc(bytes, align, 0, &SingleStreamComplete, &mut self.backing)
-            .ok()
-            .map(|a| a.block)
+        self.engine.alloc(bytes, align, 0, &self.order, &mut self.backing).ok().map(|a| a.block)
     }
     #[inline]
     fn free(&mut self, handle: BlockId) {

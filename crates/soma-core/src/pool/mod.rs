@@ -21,8 +21,8 @@ pub use stats::{PoolStats, ReuseCounts};
 use crate::buffer::bytes_for;
 use crate::device::{Device, DeviceShared, LiveStream};
 use crate::engine::{
-    AllocError, Allocation, Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig,
-    EngineStats, FreeTag, StreamOrder, StreamSlot,
+    Allocation, Backing, BackingError, BlockId, Eligibility, Engine, EngineConfig, EngineStats,
+    FreeTag, StreamOrder, StreamSlot,
 };
 use crate::error::{Error, OutOfMemory, Result};
 use crate::hal::{DeviceHal, DevicePtr, PhysicalHandle};
@@ -31,6 +31,9 @@ use crate::stream::Stream;
 use attr::Attribute as _;
 use std::panic::Location;
 use std::time::Instant;
+
+/// An engine allocation's error: its backing failures are the driver's own errors.
+type AllocError = crate::engine::AllocError<crate::hal::DriverError>;
 
 pub(crate) const FOLLOW_EVENT_DEPENDENCIES: u32 = 1 << 0;
 pub(crate) const OPPORTUNISTIC: u32 = 1 << 1;
@@ -728,6 +731,20 @@ struct HalBacking<'a> {
 }
 
 impl HalBacking<'_> {
+    /// The device address of `offset` in the pool's range (`size` bytes from there, for the
+    /// error).
+    fn address_of(
+        &self,
+        offset: u64,
+        size: u64,
+    ) -> std::result::Result<DevicePtr, crate::hal::DriverError> {
+        self.core.base.checked_add(offset).ok_or_else(|| crate::hal::DriverError::InvalidAddress {
+            addr: self.core.base.addr(),
+            len: offset.saturating_add(size),
+            reason: format!("offset {offset} overflows the address space"),
+        })
+    }
+
     fn record(&mut self, kind: RecordKind, offset: u64, size: u64) {
         if let Some(history) = self.history.as_deref_mut() {
             history.push(Record {
@@ -747,12 +764,14 @@ impl HalBacking<'_> {
 }
 
 impl Backing for HalBacking<'_> {
-    fn map(&mut self, offset: u64, size: u64) -> std::result::Result<u64, BackingError> {
-        let va = self
-            .core
-            .base
-            .checked_add(offset)
-            .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+    type Error = crate::hal::DriverError;
+
+    fn map(
+        &mut self,
+        offset: u64,
+        size: u64,
+    ) -> std::result::Result<u64, BackingError<crate::hal::DriverError>> {
+        let va = self.address_of(offset, size).map_err(BackingError::Driver)?;
         if self.core.preallocated {
             self.reserved += size;
             self.record(RecordKind::Map, offset, size);
@@ -792,20 +811,16 @@ impl Backing for HalBacking<'_> {
         offset: u64,
         size: u64,
         token: u64,
-    ) -> std::result::Result<(), BackingError> {
-        let va = self
-            .core
-            .base
-            .checked_add(offset)
-            .ok_or_else(|| BackingError::Failed("offset overflow".into()))?;
+    ) -> std::result::Result<(), crate::hal::DriverError> {
+        let va = self.address_of(offset, size)?;
         if self.core.preallocated {
             self.reserved = self.reserved.saturating_sub(size);
             self.record(RecordKind::Unmap, offset, size);
             return Ok(());
         }
-        let handle = self.core.hal.unmap(va).map_err(map_backing_error)?;
+        let handle = self.core.hal.unmap(va)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
-        self.core.hal.free_physical(handle).map_err(map_backing_error)?;
+        self.core.hal.free_physical(handle)?;
         if let Some(b) = self.core.budget.as_deref() {
             // Accounted as the engine accounts it: released once the free succeeded.
             b.unmapped(size);
@@ -816,12 +831,12 @@ impl Backing for HalBacking<'_> {
     }
 }
 
-/// Maps driver errors of the physical side: `OutOfMemory` stays OOM (the engine may recycle
-/// and retry); everything else is a failure carried as text.
-fn map_backing_error(e: crate::hal::DriverError) -> BackingError {
+/// Maps a driver error of a map: `OutOfMemory` stays OOM (the engine may recycle and
+/// retry); everything else is the driver's error as it is.
+fn map_backing_error(e: crate::hal::DriverError) -> BackingError<crate::hal::DriverError> {
     match e {
         crate::hal::DriverError::OutOfMemory { .. } => BackingError::OutOfMemory,
-        other => BackingError::Failed(other.to_string()),
+        other => BackingError::Driver(other),
     }
 }
 
@@ -1054,13 +1069,7 @@ impl PoolCore {
         let order = Order { device, requester: None, reuse: 0 };
         let (engine, mut backing) = inner.parts(self);
         if let Err(e) = engine.release(0, &order, &mut backing) {
-            self.put_sticky(
-                inner,
-                Error::Driver(crate::hal::DriverError::Native {
-                    code: -1,
-                    message: format!("pass-through release failed: {e:?}"),
-                }),
-            );
+            self.put_sticky(inner, Error::Driver(e));
         }
     }
 
@@ -1108,13 +1117,7 @@ impl PoolCore {
                 crate::observe::trace_trim("threshold", released, inner.engine.reserved());
                 inner.record(self, RecordKind::Trim, 0, 0, released, 0)
             }
-            Err(e) => {
-                let error = Error::Driver(crate::hal::DriverError::Native {
-                    code: -1,
-                    message: format!("releasing memory at the threshold failed: {e:?}"),
-                });
-                self.put_sticky(&mut inner, error);
-            }
+            Err(e) => self.put_sticky(&mut inner, Error::Driver(e)),
         }
     }
 
@@ -1429,13 +1432,7 @@ impl PoolCore {
             let (engine, mut backing) = inner.parts(core);
             match engine.release(0, &order, &mut backing) {
                 Ok(n) => released += n,
-                Err(e) => core.put_sticky(
-                    &mut inner,
-                    Error::Driver(crate::hal::DriverError::Native {
-                        code: -1,
-                        message: format!("releasing a shard's memory failed: {e:?}"),
-                    }),
-                ),
+                Err(e) => core.put_sticky(&mut inner, Error::Driver(e)),
             }
         }
         released
@@ -1631,10 +1628,7 @@ impl PoolCore {
         match e {
             AllocError::InvalidSize(msg) => Error::InvalidSize(msg),
             AllocError::InvalidAlignment(msg) => Error::InvalidArgument(msg),
-            AllocError::Backing(msg) => Error::Driver(crate::hal::DriverError::Native {
-                code: -1,
-                message: format!("mapping failed: {msg}"),
-            }),
+            AllocError::Backing(e) => Error::Driver(e),
             AllocError::OutOfMemory(info) => {
                 let mem = self.hal.mem_info().ok();
                 let source =
@@ -2056,12 +2050,7 @@ impl<'d> MemPool<'d> {
             let at_least = bytes.next_multiple_of(inner.engine.config().granularity);
             let keep = core.keep_for(inner.engine.reserved(), at_least);
             let (engine, mut backing) = inner.parts(core);
-            let released = engine.release(keep, &order, &mut backing).map_err(|e| {
-                Error::Driver(crate::hal::DriverError::Native {
-                    code: -1,
-                    message: format!("unmap failed: {e:?}"),
-                })
-            })?;
+            let released = engine.release(keep, &order, &mut backing).map_err(Error::Driver)?;
             inner.record(core, RecordKind::Trim, 0, 0, released, 0);
             crate::observe::trace_trim("trim_to", released, inner.engine.reserved());
             total += released;

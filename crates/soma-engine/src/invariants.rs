@@ -1,9 +1,9 @@
 //! The exhaustive consistency check behind [`Engine::check_invariants`].
 
-use super::block::{Kind, NIL};
-use super::ops::index_slot;
-use super::tlsf::{class_index, FL, SL};
-use super::Engine;
+use crate::block::{Kind, NIL};
+use crate::coalesce::index_slot;
+use crate::tlsf::{class_index, FL, SL};
+use crate::Engine;
 
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)*) => {
@@ -210,4 +210,15 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
     let n_free = blocks.iter().filter(|b| b.kind == Kind::Free).count() as u64;
     ensure!(indexed == n_free, "{indexed} indexed free blocks != {n_free} free blocks");
     Ok(())
+}
+
+impl Engine {
+    /// Exhaustive consistency check (for tests; O(n + segments + free-list lengths)).
+    ///
+    /// # Errors
+    ///
+    /// A description of the first violated invariant.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        check(self)
+    }
 }

@@ -27,7 +27,7 @@
 //! class above the request wastes at most ~3 %; the engine additionally scans the request's
 //! own class (bounded) to find exact fits such as a just-freed block of the same size.
 
-use super::block::{Block, NIL};
+use crate::block::{Block, NIL};
 
 /// log2 of the number of second-level classes.
 pub(super) const SL_LOG2: u32 = 5;
@@ -135,7 +135,7 @@ pub(super) struct FreeIndex {
     /// Upper bound on the `pos` of the blocks in this index (exact after the index empties:
     /// reset to 0). Lets cross-stream searches skip per-block checks when all are eligible.
     pub max_pos: u64,
-    /// Blocks inserted so far (never decreases): lets [`Engine::settle`](super::Engine)
+    /// Blocks inserted so far (never decreases): lets [`Engine::settle`](crate::Engine)
     /// skip an index that has not changed since it last looked.
     pub inserts: u64,
 }

@@ -3,9 +3,14 @@
 //! Every byte of the pool's range belongs to exactly one non-vacant record at all times:
 //! the records form a doubly linked list in address order (`prev` / `next`) that starts at
 //! offset 0 and ends at the end of the range. Free records are additionally linked into one
-//! segregated free list of their [`FreeIndex`](super::tlsf::FreeIndex) (`prev_free` /
+//! segregated free list of their [`FreeIndex`](crate::tlsf::FreeIndex) (`prev_free` /
 //! `next_free`); vacant records are chained through `next_free` for reuse, so the slab only
 //! grows when the number of blocks reaches a new high.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+
+use crate::{Engine, FreeTag};
 
 /// The null link.
 pub(super) const NIL: u32 = u32::MAX;
@@ -49,7 +54,7 @@ pub(super) struct Block {
     /// `settled`.
     pub tagged: bool,
     /// Untagged free blocks only: memory that was used and whose free the host has observed
-    /// since ([`Engine::settle`](super::Engine::settle)). Every stream may use it as memory
+    /// since ([`Engine::settle`](crate::Engine::settle)). Every stream may use it as memory
     /// never used; `stream` keeps the stream that freed it, or [`SETTLED_BY_SEVERAL`] (a
     /// reuse by that stream counts as same-stream, any other as host-synchronized).
     pub settled: bool,
@@ -233,6 +238,182 @@ impl Slab {
             self.blocks[r_next as usize].prev = left;
         }
         self.give_back(right);
+    }
+}
+
+/// Names one block handed out by [`Engine::alloc`]. Stale ids (of freed and reused records)
+/// never match a later block: the record's 32-bit generation, bumped every time the record
+/// becomes live or vacant, is part of the id (a stale id could only alias after 2^31 reuses
+/// of the same record).
+///
+/// Eight bytes, and so is `Option<BlockId>`: a block's generation is never 0 while it is
+/// live (the bump that would wrap to 0 gives 1), so no id the engine hands out is the word 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockId(NonZeroU64);
+
+/// What [`BlockId::from_raw`] makes of the word 0: the null record index with generation 0,
+/// which names no block either.
+const NO_BLOCK: NonZeroU64 = match NonZeroU64::new(0xffff_ffff) {
+    Some(w) => w,
+    None => panic!("the word is not 0"),
+};
+
+impl BlockId {
+    pub(crate) fn new(idx: u32, generation: u32) -> BlockId {
+        BlockId::from_raw((u64::from(generation) << 32) | u64::from(idx))
+    }
+
+    pub(crate) fn index(self) -> u32 {
+        self.0.get() as u32
+    }
+
+    /// The id as one word, e.g. to keep it in an atomic (the pool's lock-free free ring):
+    /// the record index in the low 32 bits, the generation in the high ones.
+    pub fn to_raw(self) -> u64 {
+        self.0.get()
+    }
+
+    /// The id [`to_raw`](Self::to_raw) gave. An arbitrary word is a valid `BlockId` value:
+    /// the engine rejects ids that name no block. The round trip is exact for every id the
+    /// engine hands out; 0, which names no block, comes back as another word that names none.
+    pub fn from_raw(raw: u64) -> BlockId {
+        BlockId(NonZeroU64::new(raw).unwrap_or(NO_BLOCK))
+    }
+
+    pub(crate) fn generation(self) -> u32 {
+        (self.0.get() >> 32) as u32
+    }
+}
+
+/// State of a block as seen by [`Engine::block`] and [`Engine::blocks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out.
+    Live,
+    /// Mapped and free; `None`: never used, or freed and since host-observed (settled, see
+    /// [`Engine::settle`]): reusable by any stream.
+    Free(Option<FreeTag>),
+    /// Not backed by physical memory.
+    Unmapped,
+}
+
+/// One block of the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Start in the range.
+    pub offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Live, free or unmapped.
+    pub state: BlockState,
+}
+
+/// Iterator over all blocks in address order ([`Engine::blocks`]).
+#[derive(Debug)]
+pub struct Blocks<'a> {
+    engine: &'a Engine,
+    cur: u32,
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = BlockInfo;
+
+    fn next(&mut self) -> Option<BlockInfo> {
+        if self.cur == NIL {
+            return None;
+        }
+        let idx = self.cur;
+        self.cur = self.engine.slab.blocks[idx as usize].next;
+        Some(self.engine.info(idx))
+    }
+}
+
+/// A multiplicative hasher for the offset index (offsets are multiples of the alignment).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct OffsetHasher(u64);
+
+impl std::hash::Hasher for OffsetHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+pub(crate) type OffsetMap = HashMap<u64, u32, std::hash::BuildHasherDefault<OffsetHasher>>;
+
+impl Engine {
+    /// The live block that starts exactly at `offset`, with its size. Always `None` unless
+    /// the engine was created with `index_by_offset`.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) (one hash lookup).
+    pub fn lookup(&self, offset: u64) -> Option<(BlockId, u64)> {
+        let idx = *self.live_index.as_ref()?.get(&offset)?;
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Live);
+        Some((BlockId::new(idx, b.generation), b.size))
+    }
+
+    /// The size of the live block that starts exactly at `offset`: through the offset index
+    /// when the engine keeps one, else by a walk in address order.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) with `index_by_offset`, else O(blocks before `offset`).
+    pub fn live_size_at(&self, offset: u64) -> Option<u64> {
+        if self.live_index.is_some() {
+            return self.lookup(offset).map(|(_, size)| size);
+        }
+        let mut cur = self.first;
+        while cur != NIL {
+            let b = &self.slab.blocks[cur as usize];
+            if b.offset >= offset {
+                return (b.offset == offset && b.kind == Kind::Live).then_some(b.size);
+            }
+            cur = b.next;
+        }
+        None
+    }
+
+    /// What `block` currently is, while its record still describes it: a live block, or — after
+    /// its free — the free block it coalesced into (if the record survived), or `None` once
+    /// the record was merged away or reused.
+    pub fn block(&self, block: BlockId) -> Option<BlockInfo> {
+        self.resolve(block).map(|idx| self.info(idx))
+    }
+
+    /// All blocks in address order; together they cover `[0, range_size)` exactly.
+    pub fn blocks(&self) -> Blocks<'_> {
+        Blocks { engine: self, cur: self.first }
+    }
+
+    /// The record index of a valid id.
+    pub(crate) fn resolve(&self, block: BlockId) -> Option<u32> {
+        let idx = block.index();
+        let b = self.slab.blocks.get(idx as usize)?;
+        (b.kind != Kind::Vacant && b.generation == block.generation()).then_some(idx)
+    }
+
+    fn info(&self, idx: u32) -> BlockInfo {
+        let b = &self.slab.blocks[idx as usize];
+        let state = match b.kind {
+            Kind::Live => BlockState::Live,
+            Kind::Free => {
+                BlockState::Free(b.tagged.then_some(FreeTag { stream: b.stream, pos: b.pos }))
+            }
+            Kind::Unmapped | Kind::Vacant => BlockState::Unmapped,
+        };
+        BlockInfo { offset: b.offset, size: b.size, state }
     }
 }
 

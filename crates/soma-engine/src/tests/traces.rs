@@ -1,8 +1,8 @@
-//! Replays the real PyTorch allocator traces of `../shared/traces` next to the workspace (or
+//! Replays the real PyTorch allocator traces of `data/traces` at the workspace root (or of
 //! `$SOMA_TRACES`), plain or gzipped, through the engine on one stream and reports peak
 //! reserved / peak used.
 //!
-//! Run with `cargo test -p soma-core --lib trace_fragmentation -- --nocapture` to see the
+//! Run with `cargo test -p soma-engine --lib trace_fragmentation -- --nocapture` to see the
 //! table. A missing directory skips the test with a printed reason.
 //!
 //! `complete = yes` replays as if every free had completed on the device by the next
@@ -13,12 +13,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use super::*;
-use crate::engine::{Engine, EngineConfig, EngineStats, FreeTag};
+use crate::{Engine, EngineConfig, EngineStats, FreeTag};
 
+/// `$SOMA_TRACES`, else `data/traces` at the workspace root.
 fn trace_dir() -> PathBuf {
     std::env::var_os("SOMA_TRACES").map(PathBuf::from).unwrap_or_else(|| {
-        // crates/soma-core -> the workspace root -> its sibling `shared/traces`
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces")
+        // crates/soma-engine -> the workspace root
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces")
     })
 }
 
@@ -102,7 +103,7 @@ fn replay(
     })
     .unwrap();
     configure(&mut e);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let o = TestOrder { all_complete: complete, ..TestOrder::default() };
     let mut live = HashMap::new();
     let mut peak_live_requested = 0u64;
@@ -164,7 +165,7 @@ fn trace_fragmentation() {
                 s.map_calls,
                 s.unmap_calls,
                 // block records ever needed per live block at the peak
-                (records * std::mem::size_of::<crate::engine::block::Block>()) as f64
+                (records * std::mem::size_of::<crate::block::Block>()) as f64
                     / s.live_blocks_high as f64
             );
             let name = p.file_name().unwrap().to_string_lossy();
@@ -187,8 +188,8 @@ fn in_granules(s: &EngineStats) -> f64 {
 }
 
 /// The regression guard on peak reserved / peak used when nothing freed can be unmapped
-/// (frees not complete, or no recycling): what a pool that never unmaps reaches. The shared
-/// traces as measured (BERT 1.084) plus 0.01; other traces 1.30 (against gross regressions:
+/// (frees not complete, or no recycling): what a pool that never unmaps reaches. The four
+/// traces of `data/traces` as measured (BERT 1.084) plus 0.01; other traces 1.30 (against gross regressions:
 /// a RoBERTa trace of varying batch shapes gives 1.13, the pure offset allocators 1.26).
 /// With completion known and recycling on, every trace must meet the 1.05 target.
 fn never_unmapping_limit(trace: &str) -> f64 {
@@ -241,7 +242,7 @@ fn trace_fragmentation_two_streams() {
                 index_by_offset: false,
             })
             .unwrap();
-            let mut b = FakeBacking::new();
+            let mut b = backing();
             let mut o = TestOrder::complete();
             if cross {
                 // opportunistic: everything complete
@@ -356,7 +357,7 @@ fn replay_repeatedly(
 ) -> Vec<(f64, u64, u64)> {
     let mut e = Engine::new(EngineConfig::new(64 << 30, G)).unwrap();
     configure(&mut e);
-    let mut b = FakeBacking::new();
+    let mut b = backing();
     let (n, synchronized) = match streams {
         Streams::One => (1, false),
         Streams::InTurn(n) => (n, false),
@@ -399,7 +400,7 @@ fn replay_repeatedly(
                 }
             }
         }
-        // In id order: the engine's placement must not depend on a hash seed.
+        // In id order: the engine's placement must not depend on the hash map's order.
         let mut live: Vec<_> = live.into_iter().collect();
         live.sort_by_key(|&(id, _)| id);
         for (id, a) in live {

@@ -11,7 +11,8 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::engine::*;
+use crate::testing::StreamClocks;
+use crate::*;
 
 const STREAMS: usize = 4;
 /// The range, in granules.
@@ -93,73 +94,6 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The model's view of stream order (independent of the engine).
-#[derive(Clone, Debug, Default)]
-struct Clock {
-    /// Tasks enqueued per stream (frees and event records are tasks too).
-    pos: [u64; STREAMS],
-    /// Tasks completed per stream.
-    completed: [u64; STREAMS],
-    /// Tasks the host observed complete per stream.
-    host: [u64; STREAMS],
-    /// `vc[t][s]`: t waited on an event recorded on s after this many tasks of s.
-    vc: [[u64; STREAMS]; STREAMS],
-    follow: bool,
-    opportunistic: bool,
-    internal: bool,
-}
-
-/// A free at `pos` happened once `pos` tasks were done: it is complete when `completed >=
-/// pos`, i.e. `pos < completed + 1`.
-impl Clock {
-    fn order(&self, requester: u32) -> ModelOrder {
-        ModelOrder { clock: self.clone(), requester: Some(requester as usize) }
-    }
-
-    /// The order of a call on behalf of no stream (settling, as the pool does after a host
-    /// synchronisation).
-    fn no_requester(&self) -> ModelOrder {
-        ModelOrder { clock: self.clone(), requester: None }
-    }
-
-    fn host_bound(&self, s: usize) -> u64 {
-        self.host[s] + 1
-    }
-
-    fn complete_bound(&self, s: usize) -> u64 {
-        self.completed[s] + 1
-    }
-}
-
-struct ModelOrder {
-    clock: Clock,
-    requester: Option<usize>,
-}
-
-impl StreamOrder for ModelOrder {
-    fn eligibility(&self, s: StreamSlot) -> Eligibility {
-        let s = s as usize;
-        assert_ne!(Some(s), self.requester, "eligibility asked for the requesting stream");
-        let event = match self.requester {
-            Some(t) if self.clock.follow => self.clock.vc[t][s],
-            _ => 0,
-        };
-        Eligibility {
-            host_observed: self.clock.host_bound(s),
-            event,
-            completed: if self.clock.opportunistic { self.clock.complete_bound(s) } else { 0 },
-        }
-    }
-
-    fn internal_dependencies(&self) -> bool {
-        self.clock.internal
-    }
-
-    fn is_complete(&self, tag: FreeTag) -> bool {
-        tag.pos < self.clock.complete_bound(tag.stream as usize)
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Live {
     a: Allocation,
@@ -178,7 +112,7 @@ struct Model {
     range: u64,
     e: Engine,
     b: FakeBacking,
-    clock: Clock,
+    clock: StreamClocks,
     live: Vec<Live>,
     freed: Vec<Freed>,
     /// Per stream: the host-observed bound at the last settle (frees below it may have been
@@ -202,8 +136,8 @@ impl Model {
             p,
             range,
             e,
-            b: FakeBacking { granule: p.granularity, ..FakeBacking::new() },
-            clock: Clock::default(),
+            b: FakeBacking::checked(p.granularity).within(range),
+            clock: StreamClocks::new(STREAMS),
             live: Vec::new(),
             freed: Vec::new(),
             settled_below: [0; STREAMS],
@@ -274,13 +208,8 @@ impl Model {
         // Mapped?
         let mut at = a.offset;
         while at < end {
-            let (&o, &(s, _)) = self
-                .b
-                .mapped
-                .range(..=at)
-                .next_back()
-                .unwrap_or_else(|| panic!("{a:?} not mapped at {at}"));
-            assert!(o <= at && at < o + s, "{a:?} not mapped at {at}");
+            let (o, s) =
+                self.b.mapping_containing(at).unwrap_or_else(|| panic!("{a:?} not mapped at {at}"));
             at = o + s;
         }
         let prior = self.overlapping(a.offset, end);
@@ -291,7 +220,7 @@ impl Model {
             None => assert!(prior.is_empty(), "{a:?} reported fresh over {prior:?}"),
             Some(kind) => {
                 // (A reuse may cover never-used memory too: untagged memory that merged
-                // into a tagged block takes the tag — conservative, never unsafe. So may a
+                // into a tagged block takes the tag — conservative, never wrong. So may a
                 // free that was settled, host-observed at a settle: it merges into the
                 // tagged blocks beside it, and any stream may use it.)
                 for f in &prior {
@@ -396,8 +325,7 @@ impl Model {
                 }
                 let l = self.live.swap_remove(which % self.live.len());
                 let s = stream as usize;
-                let tag = FreeTag { stream, pos: self.clock.pos[s] };
-                self.clock.pos[s] += 1;
+                let tag = self.clock.free_tag(s);
                 self.e.free(l.a.block, tag).unwrap();
                 assert_eq!(self.e.free(l.a.block, tag).unwrap_err(), {
                     if self.e.block(l.a.block).is_some() {
@@ -410,39 +338,17 @@ impl Model {
                 self.forget(l.a.offset, l.a.offset + l.a.size);
                 self.freed.push(Freed { off: l.a.offset, end: l.a.offset + l.a.size, tag });
             }
-            Op::Work { stream } => self.clock.pos[stream as usize] += 1,
-            Op::Complete { stream } => {
-                let s = stream as usize;
-                self.clock.completed[s] = self.clock.pos[s];
-            }
+            Op::Work { stream } => self.clock.work(stream as usize),
+            Op::Complete { stream } => self.clock.complete(stream as usize),
             Op::HostSync { stream } => {
-                let s = stream as usize;
-                self.clock.completed[s] = self.clock.pos[s];
-                self.clock.host[s] = self.clock.pos[s];
+                self.clock.host_sync(stream as usize);
                 // As the pool after every host synchronisation.
                 self.e.settle(&self.clock.no_requester());
                 for (t, bound) in self.settled_below.iter_mut().enumerate() {
                     *bound = self.clock.host_bound(t);
                 }
             }
-            Op::EventWait { waiter, on } => {
-                let (w, s) = (waiter as usize, on as usize);
-                if w != s {
-                    // record on `on` (a task at position pos), then `waiter` waits on it;
-                    // frees before the record (pos < recorded) become eligible
-                    let recorded = self.clock.pos[s];
-                    self.clock.pos[s] += 1;
-                    let e = self.clock.vc[w][s].max(recorded);
-                    self.clock.vc[w][s] = e;
-                    // transitivity: waiter learns everything `on` knew
-                    for x in 0..STREAMS {
-                        let k = self.clock.vc[s][x];
-                        if x != w && k > self.clock.vc[w][x] {
-                            self.clock.vc[w][x] = k;
-                        }
-                    }
-                }
-            }
+            Op::EventWait { waiter, on } => self.clock.event_wait(waiter as usize, on as usize),
             Op::Switches { follow, opportunistic, internal } => {
                 self.clock.follow = follow;
                 self.clock.opportunistic = opportunistic;
@@ -450,15 +356,14 @@ impl Model {
             }
             Op::Release { keep } => {
                 let keep = keep / (G / self.p.granularity);
-                let order = self.clock.order(0);
                 let reserved = self.e.reserved();
                 // The remap of a cut segment fails when told to, or when the capacity was
                 // lowered below what is mapped.
                 let remap_may_fail =
                     self.b.fail_next_map.is_some() || self.b.capacity.is_some_and(|c| c < reserved);
-                let r = self.e.release(keep, &order, &mut self.b);
+                let r = self.e.release(keep, &self.clock.no_requester(), &mut self.b);
                 self.drain_unmaps();
-                self.b.fail_next_unmap = None;
+                self.b.fail_next_unmap = false;
                 if let Ok(n) = r {
                     assert_eq!(self.e.reserved(), reserved - n);
                     // never below the target rounded down to a granule (a segment larger
@@ -474,9 +379,10 @@ impl Model {
                     }
                     // either the target is met or nothing more can go
                     if self.e.reserved() > keep.max(self.e.used()) {
+                        let order = self.clock.no_requester();
                         let again = self.e.release(keep, &order, &mut self.b).unwrap();
                         self.drain_unmaps();
-                        assert_eq!(again, 0, "release stopped early");
+                        assert_eq!(again, 0, "release ended before its target");
                     }
                 }
             }
@@ -497,17 +403,17 @@ impl Model {
                 self.b.fail_next_map = Some(if oom {
                     BackingError::OutOfMemory
                 } else {
-                    BackingError::Failed("injected".into())
+                    BackingError::Driver(Injected)
                 });
             }
             Op::FailNextUnmap => {
-                self.b.fail_next_unmap = Some(BackingError::Failed("injected".into()));
+                self.b.fail_next_unmap = true;
             }
             Op::Capacity { granules } => {
                 self.b.capacity = granules.map(|n| n * self.p.granularity);
             }
         }
-        self.b.fail_next_unmap = None;
+        self.b.fail_next_unmap = false;
         self.check_all();
     }
 

@@ -1,0 +1,334 @@
+//! Free-index membership and coalescing: which free blocks merge, how their tags combine,
+//! and settling, which untags the frees the host has observed so that they merge across
+//! streams.
+
+use smallvec::SmallVec;
+
+use crate::block::{Block, Kind, NIL, SETTLED_BY_SEVERAL};
+use crate::tlsf::{self, FreeIndex};
+use crate::{Engine, StreamOrder, StreamSlot};
+
+/// `Engine::solo_freer` before any free since the last settle.
+pub(crate) const NO_FREER: StreamSlot = StreamSlot::MAX;
+
+/// `Engine::solo_freer` once frees of two streams followed the last settle.
+pub(crate) const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
+
+/// Index in `Engine::indexes` of the free index holding blocks with this tag state.
+#[inline]
+pub(crate) fn index_slot(tagged: bool, stream: StreamSlot) -> usize {
+    if tagged {
+        stream as usize + 1
+    } else {
+        0
+    }
+}
+
+/// Whether free blocks `a` and `b` always merge: one of them never used, both untagged (never
+/// used or settled), or the same stream. A settled block and another stream's tagged block
+/// merge only while that stream is the only one freeing (see [`Engine::coalescable`]).
+#[inline]
+fn mergeable(a: &Block, b: &Block) -> bool {
+    a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, NIL)
+}
+
+/// The tag part of [`mergeable`] for two free blocks, a settled block also merging with the
+/// tagged blocks of stream `solo` (pass [`NIL`], no stream slot, for none).
+#[inline(always)]
+fn tags_merge(a: &Block, b: &Block, solo: StreamSlot) -> bool {
+    match (a.tagged, b.tagged) {
+        (true, true) => a.stream == b.stream,
+        (false, false) => true,
+        (false, true) => !a.settled || a.stream == b.stream || b.stream == solo,
+        (true, false) => !b.settled || a.stream == b.stream || a.stream == solo,
+    }
+}
+
+/// The `stream` of the merge of untagged block `b` with settled block `o`: `o`'s, unless
+/// `b` is settled by another stream.
+#[inline]
+fn settled_stream(b: &Block, o: &Block) -> StreamSlot {
+    if !b.settled || b.stream == o.stream {
+        o.stream
+    } else {
+        SETTLED_BY_SEVERAL
+    }
+}
+
+impl Engine {
+    /// Puts free block `idx` (not in any index) into the index of its tag, creating the
+    /// index on the stream's first free.
+    #[inline(always)]
+    pub(crate) fn insert_free(&mut self, idx: u32) {
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Free);
+        let slot = index_slot(b.tagged, b.stream);
+        if !matches!(self.indexes.get(slot), Some(Some(_))) {
+            self.create_index(slot);
+        }
+        let ix = self.indexes[slot].as_mut().expect("created above");
+        ix.insert(&mut self.slab.blocks, idx, self.unit_shift);
+    }
+
+    /// Creates the free index of `slot` (on a stream's first free).
+    #[cold]
+    #[inline(never)]
+    fn create_index(&mut self, slot: usize) {
+        if slot >= self.indexes.len() {
+            self.indexes.resize_with(slot + 1, || None);
+        }
+        self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
+    }
+
+    /// Takes free block `idx` out of its index.
+    #[inline(always)]
+    pub(crate) fn remove_free(&mut self, idx: u32) {
+        let b = &self.slab.blocks[idx as usize];
+        debug_assert_eq!(b.kind, Kind::Free);
+        let slot = index_slot(b.tagged, b.stream);
+        let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
+        ix.remove(&mut self.slab.blocks, idx);
+    }
+
+    /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
+    #[inline]
+    pub(crate) fn mergeable(&self, a: u32, b: u32) -> bool {
+        mergeable(&self.slab.blocks[a as usize], &self.slab.blocks[b as usize])
+    }
+
+    /// Whether free blocks `a` and `b` merge now: when they always do ([`mergeable`]), and
+    /// also a settled block with a tagged block of the stream that is the only one to have
+    /// freed since the last settle (`solo_freer`). While one stream runs alone (a server's
+    /// request on its stream), its frees then coalesce with the settled memory around them as
+    /// on one stream; while several free, settled memory stays apart, because merged into one
+    /// stream's block it would wait for that stream's latest free before the others could
+    /// use it again.
+    #[inline(always)]
+    pub(crate) fn coalescable(&self, a: &Block, b: &Block) -> bool {
+        a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, self.solo_freer)
+    }
+
+    /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
+    /// untagged takes the other's tag; two untagged blocks are settled if either is).
+    #[inline]
+    fn combine_tag(&mut self, into: u32, other: u32) {
+        let o = self.slab.blocks[other as usize];
+        let b = &mut self.slab.blocks[into as usize];
+        if o.tagged {
+            if b.tagged {
+                debug_assert_eq!(b.stream, o.stream);
+                b.pos = b.pos.max(o.pos);
+            } else {
+                b.tagged = true;
+                b.settled = false;
+                b.stream = o.stream;
+                b.pos = o.pos;
+            }
+        } else if !b.tagged && o.settled {
+            b.stream = settled_stream(b, &o);
+            b.settled = true;
+        }
+    }
+
+    /// Coalesces free block `idx` (not in any index) with mergeable neighbours and indexes
+    /// the result, which is returned.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    #[inline(never)]
+    pub(crate) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
+        self.coalesce_and_index(idx)
+    }
+
+    /// [`Engine::insert_free_coalesce`], inlined: for [`Engine::free`], which every free
+    /// runs through.
+    #[inline(always)]
+    pub(crate) fn coalesce_and_index(&mut self, idx: u32) -> u32 {
+        let blocks = &self.slab.blocks;
+        let b = &blocks[idx as usize];
+        let (p, n) = (b.prev, b.next);
+        let merge_p = p != NIL && self.coalescable(&blocks[p as usize], b);
+        // An untagged block between free blocks of two streams merges with one of them only
+        // (blocks of different streams never merge).
+        let merge_n = n != NIL
+            && self.coalescable(b, &blocks[n as usize])
+            && (!merge_p || self.coalescable(&blocks[p as usize], &blocks[n as usize]));
+        // A settled block merged into a tagged one gives it the tagged block's stream, with
+        // which the block beyond it may merge now (see `Engine::coalescable`): look again.
+        let settled_in = b.settled
+            || merge_p && blocks[p as usize].settled
+            || merge_n && blocks[n as usize].settled;
+        let r = self.merge_neighbours(idx, p, n, merge_p, merge_n);
+        if settled_in && self.slab.blocks[r as usize].tagged {
+            return self.coalesce_again(r);
+        }
+        r
+    }
+
+    /// [`Engine::insert_free_coalesce`] once more for indexed free block `r`, whose tag a
+    /// merge just changed.
+    #[cold]
+    #[inline(never)]
+    fn coalesce_again(&mut self, r: u32) -> u32 {
+        self.remove_free(r);
+        self.insert_free_coalesce(r)
+    }
+
+    /// The merges [`Engine::insert_free_coalesce`] decided, and the indexing of the result.
+    #[inline(always)]
+    fn merge_neighbours(&mut self, idx: u32, p: u32, n: u32, merge_p: bool, merge_n: bool) -> u32 {
+        if merge_p != merge_n {
+            if let Some(r) = self.coalesce_in_place(idx, p, n, merge_p) {
+                return r;
+            }
+        }
+        let mut idx = idx;
+        if merge_p {
+            self.remove_free(p);
+            self.combine_tag(p, idx);
+            self.slab.absorb_next(p, idx);
+            idx = p;
+        }
+        if merge_n {
+            self.remove_free(n);
+            self.combine_tag(idx, n);
+            self.slab.absorb_next(idx, n);
+        }
+        self.insert_free(idx);
+        idx
+    }
+
+    /// The fast paths of [`Engine::insert_free_coalesce`]: when exactly one neighbour of
+    /// `idx` merges with it (`prev` if `with_prev`, else `next`) and the merged block stays in
+    /// that neighbour's index and size class, the merge happens without touching the index's
+    /// lists and bitmaps (the merged record takes the neighbour's list position). Same result
+    /// as the general path: the lower record survives, tags combine the same way. `None`:
+    /// nothing done.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    #[inline(always)]
+    fn coalesce_in_place(
+        &mut self,
+        idx: u32,
+        prev: u32,
+        next: u32,
+        with_prev: bool,
+    ) -> Option<u32> {
+        let blocks = &self.slab.blocks;
+        let (keep, other, indexed) = if with_prev {
+            // `prev` absorbs `idx` and keeps its list position.
+            (prev, idx, prev)
+        } else {
+            // `idx` absorbs `next` and takes its list position.
+            (idx, next, next)
+        };
+        let (k, o, ib) =
+            (&blocks[keep as usize], &blocks[other as usize], &blocks[indexed as usize]);
+        // The merged tag (as `combine_tag`): tagged if either is (same stream when both are,
+        // as they merge), keeping the larger position.
+        let tag = match (k.tagged, o.tagged) {
+            (true, true) => Some((k.stream, k.pos.max(o.pos))),
+            (true, false) => Some((k.stream, k.pos)),
+            (false, true) => Some((o.stream, o.pos)),
+            (false, false) => None,
+        };
+        let slot = index_slot(tag.is_some(), tag.map_or(0, |t| t.0));
+        if slot != index_slot(ib.tagged, ib.stream) {
+            return None;
+        }
+        let merged = k.size + o.size;
+        // The merged block may stay one class above the list that holds it (see `tlsf.rs`).
+        if merged >= self.floors.get(usize::from(ib.cls) + 2) {
+            return None;
+        }
+        let added = merged - ib.size;
+        let o = *o;
+        let kb = &mut self.slab.blocks[keep as usize];
+        if let Some((stream, pos)) = tag {
+            kb.tagged = true;
+            kb.settled = false;
+            kb.stream = stream;
+            kb.pos = pos;
+        } else if o.settled {
+            kb.stream = settled_stream(kb, &o);
+            kb.settled = true;
+        }
+        let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
+        if indexed != keep {
+            ix.replace(&mut self.slab.blocks, indexed, keep);
+        }
+        ix.bytes += added;
+        if let Some((_, pos)) = tag {
+            ix.max_pos = ix.max_pos.max(pos);
+        }
+        self.slab.absorb_next(keep, other);
+        Some(keep)
+    }
+
+    /// Settles the frees the host has observed: every free block of a stream `s` freed below
+    /// `order.eligibility(s).host_observed` becomes untagged (*settled*) and merges with the
+    /// untagged free blocks beside it, whatever stream freed them. Every stream may use such
+    /// memory under any policy (its free completed and the host knows it), so it no longer
+    /// needs to stay apart from the free blocks of other streams; without this, memory freed
+    /// by several streams stays cut into per-stream pieces until it is reused. A settled block
+    /// merges with a tagged neighbour of the stream that freed it (taking that neighbour's
+    /// tag: the merge is as safe as the neighbour), and with other streams' tagged blocks only
+    /// while their stream is the only one freeing (see the crate docs).
+    ///
+    /// Called after host synchronisations; a stream whose observed bound did not move and
+    /// whose index took no block since the last call is skipped.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(free blocks of the streams whose bound moved): each free is settled at most once,
+    /// blocks freed after the observation are looked at again at the next call.
+    pub fn settle(&mut self, order: &dyn StreamOrder) {
+        self.solo_freer = NO_FREER;
+        let mut due: SmallVec<[u32; 16]> = SmallVec::new();
+        for slot in 1..self.indexes.len() {
+            let Some(ix) = self.indexes[slot].as_deref() else { continue };
+            let stream = (slot - 1) as StreamSlot;
+            let bound = order.eligibility(stream).host_observed;
+            let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
+            if ix.is_empty() || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
+                continue;
+            }
+            due.clear();
+            let mut cls = 0;
+            while let Some((fl, sl)) = ix.first_at_or_above(cls / tlsf::SL, cls % tlsf::SL) {
+                let mut cur = ix.head(fl, sl);
+                while cur != NIL {
+                    let b = &self.slab.blocks[cur as usize];
+                    if b.pos < bound {
+                        due.push(cur);
+                    }
+                    cur = b.next_free;
+                }
+                cls = fl * tlsf::SL + sl + 1;
+            }
+            for &idx in &due {
+                // An earlier block of the list may have merged this one into itself.
+                let b = &self.slab.blocks[idx as usize];
+                if b.kind != Kind::Free || !b.tagged || b.stream != stream || b.pos >= bound {
+                    continue;
+                }
+                self.remove_free(idx);
+                let b = &mut self.slab.blocks[idx as usize];
+                b.tagged = false;
+                b.settled = true;
+                b.pos = 0;
+                self.insert_free_coalesce(idx);
+            }
+            // Merges while settling may index a block here again (one that joined a tagged
+            // block of this stream, freed at or above the bound): count after them.
+            let inserts = self.indexes[slot].as_deref().map_or(0, |ix| ix.inserts);
+            if self.settled_below.len() <= slot {
+                self.settled_below.resize(slot + 1, (0, 0));
+            }
+            self.settled_below[slot] = (bound, inserts);
+        }
+    }
+}

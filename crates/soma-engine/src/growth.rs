@@ -1,0 +1,357 @@
+//! Growth: where a request that no cached block serves maps memory, into how many segments,
+//! and the bookkeeping of newly mapped memory.
+
+use smallvec::SmallVec;
+
+use crate::block::{Kind, NIL};
+use crate::config::{align_down, align_up};
+use crate::{
+    Allocation, Backing, BackingError, Engine, ReuseKind, Segment, StreamOrder, StreamSlot,
+};
+
+/// A growth maps its granules as about this many segments (each a power of two of at least
+/// one granule, aligned to its size), so that parts of a large block that later hold smaller
+/// ones can be recycled piecewise. Measured on the PyTorch traces: 1 segment per growth gives
+/// peak reserved / peak used up to 1.088 (BERT), 4 gives ≤ 1.026 at ~6× the map calls, one
+/// segment per granule ≤ 1.018 at ~12× (before recycling took the smallest free blocks first;
+/// 4 now gives ≤ 1.033).
+pub(crate) const SEGMENTS_PER_GROWTH: u64 = 4;
+
+/// How many times an engine doubles its segments per growth (from [`SEGMENTS_PER_GROWTH`]
+/// up to 16): each time recycling falls short of the excess while the recyclable free
+/// blocks hold more whole granules than it found in whole segments — the free memory sits in
+/// segments that live blocks still touch, which finer segments would have avoided. Frees
+/// that are not complete never count (finer segments would not help them), and workloads
+/// whose recycling never falls short keep 4 and their map calls.
+///
+/// Measured (`trace_fragmentation_by_segments_per_growth`) on the four PyTorch traces of
+/// `data/traces` and 13 more recorded with their tool (the first 13 of
+/// `scripts/extra_trace_recipes.py`: batched decode with retiring rows, a GPT-2 request
+/// stream of varying prompts, beam search, training with varying lengths, T5, ViT, RoBERTa,
+/// BERT-large), peak reserved /
+/// peak used: 4 fixed up to 1.081 (the request stream, whose 32 MiB attention temporaries
+/// interleave with a growing KV cache), BERT 1.033; adaptive at most 1.024 (Mistral, as with
+/// 4 fixed), the request stream 1.023, BERT 1.008 (1.7x its map calls), the traces without
+/// shortfalls unchanged; 16 fixed about the same peaks but 1.2-1.6x the map calls on those
+/// (LLaMA weights: 628 -> 1005).
+pub(crate) const MAX_SPLIT_BOOST: u32 = 2;
+
+/// Segments are refined (see [`MAX_SPLIT_BOOST`]) only when the growth leaves more than
+/// `1 / REFINE_ABOVE` of the live bytes mapped beyond them: finer segments cost map calls,
+/// and a pool that close to its live bytes gains little from them. Measured on the 17 traces:
+/// 64 gives the same worst peak as always refining with up to 35 % fewer map calls
+/// (BERT-large 2838 -> 1847, GPT-2 training 1622 -> 1284); 32 let a RoBERTa trace reach 1.042
+/// and 16 the GPT-2 request stream 1.066.
+pub(crate) const REFINE_ABOVE: u64 = 64;
+
+/// A segment is at least `1 / MIN_SEGMENT_FRACTION` of the memory reserved when it is mapped
+/// (within the growth's size): finer pieces of a large pool save little memory (each at most
+/// 0.2 % of it) but cost a map and later an unmap each. Only pools above 512 granules (1 GiB
+/// of 2 MiB granules) are affected. Measured: on RMM's `random_allocations` (about 17 GiB
+/// reserved) 2-5x fewer remaps per warm replay for a 1-2 % higher peak (still below TLSF's);
+/// gpt2_small_train (5.7 GiB) 1.015 -> 1.014 with 6 % fewer map calls; the traces below 1 GiB
+/// unchanged. 256 cut the random remaps further but gave gpt2_small_train 1.023.
+pub(crate) const MIN_SEGMENT_FRACTION: u64 = 512;
+
+/// Why growth did not produce an allocation.
+#[derive(Debug)]
+pub(crate) enum GrowError<E> {
+    /// No unmapped hole fits, or the backing is out of memory.
+    NoRoom,
+    /// The backing failed otherwise.
+    Backing(E),
+}
+
+/// Where a growth maps and places its block.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Granule-aligned range to map (inside one hole).
+    map_off: u64,
+    map_len: u64,
+    /// Where the block goes.
+    alloc_off: u64,
+    /// The free block extended into the hole (right: it precedes the hole; left: it follows).
+    base: Option<u32>,
+    /// Whether `base` precedes the hole.
+    base_left: bool,
+    /// Reuse rule of `base` (`None`: fresh).
+    kind: Option<ReuseKind>,
+    /// Range that recycling must not touch.
+    protect: (u64, u64),
+}
+
+impl Engine {
+    /// Growth: plan, recycle, map, commit. See the crate docs.
+    pub(crate) fn grow<E>(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<Allocation, GrowError<E>> {
+        let Some(mut plan) = self.plan_growth(size, align, stream, order) else {
+            return Err(GrowError::NoRoom);
+        };
+        // Recycle only what would raise reserved memory above its all-time high: below it,
+        // mapping costs no peak memory and recycling would only add driver calls.
+        let now = self.stats.allocs;
+        let over = if self.recycle_on_growth && !self.recycle_rate.paused(now) {
+            (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark)
+        } else {
+            0
+        };
+        let recycled = self.recycle(over, plan.protect, stream, order, backing);
+        if recycled.bytes > 0 && self.recycle_rate.record(now) {
+            self.stats.recycling_pauses += 1;
+        }
+        if recycled.too_coarse && !self.segments_fixed {
+            // Enough whole granules were free and recyclable, but in segments that live
+            // blocks still touch: map later growths in finer segments (`MAX_SPLIT_BOOST`) —
+            // when what this growth leaves mapped beyond the live bytes is worth it.
+            let (reserved, live) = (self.stats.reserved + plan.map_len, self.stats.used + size);
+            if reserved.saturating_sub(live) > live / REFINE_ABOVE {
+                self.split_boost = (self.split_boost + 1).min(MAX_SPLIT_BOOST);
+            }
+        }
+        if plan.base.is_none() && recycled.bytes > 0 {
+            // Recycling may have opened a lower hole.
+            plan = self.plan_new_run(size).expect("recycling only enlarges holes");
+        }
+        let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
+        if let Err(e) = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens) {
+            return Err(match e {
+                BackingError::OutOfMemory => GrowError::NoRoom,
+                BackingError::Driver(e) => GrowError::Backing(e),
+            });
+        }
+        let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
+        let alloc_end = plan.alloc_off + size;
+        let Some(base) = plan.base else {
+            return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None, true));
+        };
+        // Extension: the newly mapped memory the block does not cover stays untagged (it was
+        // never used); only the part of `base` outside the block keeps `base`'s tag.
+        debug_assert_eq!(self.slab.blocks[base as usize].kind, Kind::Free);
+        self.remove_free(base);
+        let (target, leftover) = if plan.base_left {
+            let leftover = (alloc_end < self.slab.blocks[fresh as usize].end())
+                .then(|| self.slab.split(fresh, alloc_end));
+            self.slab.absorb_next(base, fresh);
+            (base, leftover)
+        } else {
+            let (used, leftover) = if plan.alloc_off > plan.map_off {
+                (self.slab.split(fresh, plan.alloc_off), Some(fresh))
+            } else {
+                (fresh, None)
+            };
+            let b = self.slab.blocks[base as usize];
+            let f = &mut self.slab.blocks[used as usize];
+            f.tagged = b.tagged;
+            f.settled = b.settled;
+            f.stream = b.stream;
+            f.pos = b.pos;
+            self.slab.absorb_next(used, base);
+            (used, leftover)
+        };
+        let a = self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None, true);
+        if let Some(l) = leftover {
+            self.insert_free_coalesce(l);
+        }
+        Ok(a)
+    }
+
+    /// A new run of `round_up(size, granularity)` at the start of the lowest hole that fits.
+    fn plan_new_run(&self, size: u64) -> Option<Plan> {
+        let run = align_up(size, self.cfg.granularity);
+        self.holes.iter().find_map(|(&h0, &h)| {
+            (self.slab.blocks[h as usize].size >= run).then(|| Self::new_run_at(h0, run))
+        })
+    }
+
+    /// The plan of a new run of `run` bytes at the start of the hole at `h0`.
+    fn new_run_at(h0: u64, run: u64) -> Plan {
+        Plan {
+            map_off: h0,
+            map_len: run,
+            alloc_off: h0,
+            base: None,
+            base_left: false,
+            kind: None,
+            protect: (h0, h0 + run),
+        }
+    }
+
+    /// The extension that maps the fewest granules (ties: lowest address), else a new run.
+    ///
+    /// One pass over the holes in address order that also finds the new run's hole (the
+    /// first that fits); it stops at the first extension of a single granule, which no later
+    /// hole can beat.
+    fn plan_growth(
+        &self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Plan> {
+        let g = self.cfg.granularity;
+        let run = align_up(size, g);
+        let mut best: Option<Plan> = None;
+        let mut new_run: Option<Plan> = None;
+        let consider = |best: &mut Option<Plan>, p: Plan| {
+            if best.is_none_or(|b| p.map_len < b.map_len) {
+                *best = Some(p);
+            }
+        };
+        for (&h0, &h) in &self.holes {
+            if best.is_some_and(|b| b.map_len <= g) {
+                break;
+            }
+            let hb = self.slab.blocks[h as usize];
+            if new_run.is_none() && hb.size >= run {
+                new_run = Some(Self::new_run_at(h0, run));
+            }
+            // Extend the free block before the hole to the right.
+            if hb.prev != NIL {
+                let l = self.slab.blocks[hb.prev as usize];
+                if l.kind == Kind::Free {
+                    let a = align_up(l.offset, align);
+                    let end = a + size;
+                    if a < h0 && end > h0 {
+                        let map_len = align_up(end - h0, g);
+                        if map_len <= hb.size {
+                            if let Some(kind) = self.eligible_kind(&l, stream, order) {
+                                consider(
+                                    &mut best,
+                                    Plan {
+                                        map_off: h0,
+                                        map_len,
+                                        alloc_off: a,
+                                        base: Some(hb.prev),
+                                        base_left: true,
+                                        kind,
+                                        protect: (l.offset, h0 + map_len),
+                                    },
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            // Extend the free block after the hole to the left.
+            if hb.next != NIL {
+                let r = self.slab.blocks[hb.next as usize];
+                if r.kind == Kind::Free && r.end() >= size {
+                    let a = align_down(r.end() - size, align);
+                    if a >= h0 && a < r.offset && a + size > r.offset {
+                        let map_off = align_down(a, g);
+                        if let Some(kind) = self.eligible_kind(&r, stream, order) {
+                            consider(
+                                &mut best,
+                                Plan {
+                                    map_off,
+                                    map_len: r.offset - map_off,
+                                    alloc_off: a,
+                                    base: Some(hb.next),
+                                    base_left: false,
+                                    kind,
+                                    protect: (map_off, r.end()),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        best.or(new_run)
+    }
+
+    /// The segment size for a growth of `len` bytes: the largest power of two of at most
+    /// `max(len / (segments per growth << split boost), granularity,
+    /// min(len, reserved / MIN_SEGMENT_FRACTION))`, at most `max_segment` (if set).
+    fn segment_size(&self, len: u64) -> u64 {
+        let floor = (self.stats.reserved / MIN_SEGMENT_FRACTION).min(len);
+        let c = (len / (self.segments_per_growth << self.split_boost))
+            .max(self.cfg.granularity)
+            .max(floor);
+        let pow2 = 1u64 << (63 - c.leading_zeros());
+        match self.max_segment {
+            0 => pow2,
+            m => pow2.min(m),
+        }
+    }
+
+    /// Maps `[off, off + len)` as segments of [`Engine::segment_size`] (aligned to it),
+    /// recording `(offset, size, token)` of each; on failure unmaps what it mapped.
+    pub(crate) fn map_chunks<E>(
+        &self,
+        off: u64,
+        len: u64,
+        backing: &mut dyn Backing<Error = E>,
+        out: &mut SmallVec<[(u64, u64, u64); 4]>,
+    ) -> Result<(), BackingError<E>> {
+        let end = off + len;
+        let mut at = off;
+        let max_seg = self.segment_size(len);
+        while at < end {
+            let chunk_end = (align_down(at, max_seg) + max_seg).min(end);
+            match backing.map(at, chunk_end - at) {
+                Ok(token) => out.push((at, chunk_end - at, token)),
+                Err(e) => {
+                    for &(o, l, t) in out.iter().rev() {
+                        // Best effort: a failing unmap here leaves memory mapped in the
+                        // backing that the engine does not track; report the first error.
+                        let _ = backing.unmap(o, l, t);
+                    }
+                    out.clear();
+                    return Err(e);
+                }
+            }
+            at = chunk_end;
+        }
+        Ok(())
+    }
+
+    /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
+    /// (in no index) and records its segments. Returns the new block.
+    pub(crate) fn map_into_hole(
+        &mut self,
+        off: u64,
+        len: u64,
+        segments: &[(u64, u64, u64)],
+    ) -> u32 {
+        let (&h0, &h) =
+            self.holes.range(..=off).next_back().expect("a hole contains the mapped range");
+        let hb = self.slab.blocks[h as usize];
+        debug_assert!(h0 <= off && off + len <= hb.end());
+        let mut mid = h;
+        if off > h0 {
+            mid = self.slab.split(h, off);
+        } else {
+            self.holes.remove(&h0);
+        }
+        if off + len < hb.end() {
+            let rest = self.slab.split(mid, off + len);
+            self.holes.insert(off + len, rest);
+        }
+        let m = &mut self.slab.blocks[mid as usize];
+        m.kind = Kind::Free;
+        m.tagged = false;
+        m.settled = false;
+        m.stream = 0;
+        m.pos = 0;
+        let g = self.cfg.granularity;
+        for &(o, l, token) in segments {
+            self.segments.insert(o, Segment { size: l, token });
+            self.bounds.set(o / g);
+            self.bounds.set((o + l) / g);
+        }
+        let s = &mut self.stats;
+        s.reserved += len;
+        s.reserved_high = s.reserved_high.max(s.reserved);
+        self.grow_mark = self.grow_mark.max(s.reserved);
+        s.map_calls += segments.len() as u64;
+        s.bytes_mapped_total += len;
+        mid
+    }
+}
