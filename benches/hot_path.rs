@@ -21,7 +21,7 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use soma::MemPool;
 use soma_tools::baselines::{
-    Allocator, DriverPath, OffsetAlloc, SeedFirstFit, SomaApi, SomaEngine, SomaReplica, Tlsf, UNIT,
+    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaReplica, Tlsf, UNIT,
 };
 use soma_tools::workload::{checkerboard, free_all, replay};
 
@@ -71,7 +71,7 @@ fn hot(c: &mut Criterion) {
             .map(|k| (2 * k * UNIT, UNIT))
             .chain(std::iter::once((2 * live as u64 * UNIT, RANGE - 2 * live as u64 * UNIT)))
             .collect();
-        let mut first_fit = SeedFirstFit::from_free_list(holes, 2 * live as u64 * UNIT);
+        let mut first_fit = FirstFit::from_free_list(holes, 2 * live as u64 * UNIT);
         pair(&mut g, &mut first_fit, live);
         drop(first_fit);
         if live <= 10_000 {

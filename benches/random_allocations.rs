@@ -54,7 +54,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Cr
 use serde_json::{json, Map, Value};
 use soma::MemPool;
 use soma_tools::baselines::{
-    Allocator, DriverPath, OffsetAlloc, SeedFirstFit, SomaApi, SomaEngine, SomaReplica, Tlsf,
+    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaReplica, Tlsf,
 };
 use soma_tools::workload::{free_all, random_allocations, replay, Workload, SEED};
 
@@ -313,7 +313,7 @@ fn random(c: &mut Criterion) {
             bench(&mut g, &mut facts, &cell, &w, &mut tlsf);
             bench(&mut g, &mut facts, &cell, &w, &mut replica);
             if n <= 10_000 || max >= 64 {
-                bench(&mut g, &mut facts, &cell, &w, &mut SeedFirstFit::new(RANGE));
+                bench(&mut g, &mut facts, &cell, &w, &mut FirstFit::new(RANGE));
             }
             if n <= 10_000 {
                 let mut d = DriverPath::new(&**dev.hal(), dev.info().granularity);

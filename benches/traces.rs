@@ -25,7 +25,7 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use soma::MemPool;
 use soma_tools::baselines::{
-    Allocator, DriverPath, OffsetAlloc, SeedFirstFit, SomaApi, SomaEngine, SomaReplica, Tlsf,
+    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaReplica, Tlsf,
 };
 use soma_tools::trace::{default_trace_dir, find_traces, Trace};
 use soma_tools::workload::{free_all, replay};
@@ -134,7 +134,7 @@ fn traces(c: &mut Criterion) {
         entries.push(memory(OffsetAlloc::new(RANGE, max_allocs), &t, |_| String::new()));
         entries.push(memory(Tlsf::new(RANGE), &t, |_| String::new()));
         entries.push(memory(SomaReplica::new(1 << 46), &t, |_| String::new()));
-        entries.push(memory(SeedFirstFit::new(RANGE), &t, |_| String::new()));
+        entries.push(memory(FirstFit::new(RANGE), &t, |_| String::new()));
         entries.push(memory(DriverPath::new(&**dev.hal(), dev.info().granularity), &t, |_| {
             String::new()
         }));
@@ -157,7 +157,7 @@ fn traces(c: &mut Criterion) {
         bench(&mut g, &t, || OffsetAlloc::new(RANGE, max_allocs));
         bench(&mut g, &t, || Tlsf::new(RANGE));
         bench(&mut g, &t, || SomaReplica::new(1 << 46));
-        bench(&mut g, &t, || SeedFirstFit::new(RANGE));
+        bench(&mut g, &t, || FirstFit::new(RANGE));
         bench(&mut g, &t, || DriverPath::new(&**dev.hal(), dev.info().granularity));
     }
     g.finish();

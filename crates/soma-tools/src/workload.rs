@@ -150,7 +150,7 @@ pub fn free_all<A: Allocator>(a: &mut A, handles: Vec<Option<A::Handle>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::baselines::{SeedFirstFit, SomaReplica, Tlsf};
+    use crate::baselines::{FirstFit, SomaReplica, Tlsf};
     use crate::trace::validate;
 
     #[test]
@@ -182,7 +182,7 @@ mod tests {
         let w = checkerboard(100, 512);
         validate(&w.ops).unwrap();
         assert_eq!(w.stats.live_at_end, 100);
-        let mut s = SeedFirstFit::new(1 << 30);
+        let mut s = FirstFit::new(1 << 30);
         let h = replay(&mut s, &w.ops, w.slots);
         assert_eq!(s.free_list().len(), 101);
         assert_eq!(h.iter().flatten().count(), 100);

@@ -1,0 +1,67 @@
+//! Every allocator under test behind one trait, [`Allocator`].
+//!
+//! | type | what | unit / rounding | `reserved_high` is |
+//! |---|---|---|---|
+//! | [`SomaApi`] | soma's public API: `alloc_async::<u8>` → `PoolAlloc` dropped to free, on the software NPU | pool alignment (512 B default) | the pool's `reserved_high` (physical memory mapped, high-water) |
+//! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)`: growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
+//! | [`SomaEngine`] | soma's engine alone, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |
+//! | [`SomaEngine`] named `soma-engine-retain` ([`SomaEngine::with_recycling`]`(…, false)`) | the engine alone with `Engine::set_recycle_on_growth(false)`: growth only maps | 512 B | the engine's `reserved_high` |
+//! | [`OffsetAlloc`] | the `offset-allocator` crate (Sebastian Aaltonen's O(1) offset allocator) | 512 B units (its sizes are `u32`) | high-water end offset, rounded up to 2 MiB |
+//! | [`Tlsf`] | a TLSF (rlsf's algorithm: 2-level bitmaps, good fit, immediate coalescing) over an offset space, with out-of-band block records | 512 B | high-water end offset, rounded up to 2 MiB |
+//! | [`SomaReplica`] | CANN SOMA's algorithm: every request rounded up to 2 MiB, best fit over a `BTreeSet` of `(size, address)` free segments, neighbour merge | 2 MiB | high-water end offset (already 2 MiB multiples) |
+//! | [`FirstFit`] | a first-fit free list: first fit over a free list sorted by offset, a merge pass over the whole list on every free | 512 B | high-water end offset, rounded up to 2 MiB |
+//! | [`DriverPath`] | the plain driver: `DeviceHal::malloc` / `free` per allocation (soma-sim) | 2 MiB (the simulator rounds to its granularity) | high-water of Σ live granule-rounded sizes |
+//!
+//! Why not `rlsf` itself: rlsf manages *real* memory — it writes its block headers into the
+//! pool it is given and hands out pointers — so it cannot serve an offset space (a device
+//! range the host cannot touch) without backing that range with host memory. [`Tlsf`] is
+//! the same algorithm with the headers kept in a side table, which is what a device pool
+//! needs.
+//!
+//! The pure offset allocators (offset-allocator, TLSF, SOMA replica, first fit) carve a
+//! conceptually unbounded range from address 0 upwards, as a pool that maps on demand at
+//! the top of its used space would; "reserved" for them is the highest end offset ever
+//! handed out, in granules. They never give memory back, so that is also what they would
+//! have mapped.
+
+mod driver;
+mod first_fit;
+mod offset;
+mod soma_pool;
+mod soma_replica;
+#[cfg(test)]
+mod tests;
+mod tlsf;
+
+pub use driver::DriverPath;
+pub use first_fit::FirstFit;
+pub use offset::OffsetAlloc;
+pub use soma_pool::{SomaApi, SomaEngine};
+pub use soma_replica::SomaReplica;
+pub use tlsf::Tlsf;
+
+/// Block size unit of every baseline that does not round to 2 MiB (soma's default alignment).
+pub const UNIT: u64 = 512;
+
+/// One allocator under test: allocate `bytes`, free by handle, report peak reserved memory.
+///
+/// Every benchmark and the replay tool drive allocators only through this trait, with static
+/// dispatch, so each figure is the same loop for every allocator.
+pub trait Allocator {
+    /// What `alloc` returns and `free` takes back.
+    type Handle;
+    /// Short name used in benchmark ids and tables.
+    fn name(&self) -> &'static str;
+    /// Allocates `bytes` (> 0); `None` when out of memory.
+    fn alloc(&mut self, bytes: u64) -> Option<Self::Handle>;
+    /// Frees an allocation of this allocator.
+    fn free(&mut self, handle: Self::Handle);
+    /// Peak reserved bytes so far, per the definition in the [module docs](self).
+    fn reserved_high(&self) -> u64;
+    /// Driver map and unmap calls so far, `(maps, unmaps)`, for the allocators that map
+    /// memory on demand (soma's public API and engine); `None` for the others (the pure
+    /// offset allocators never map, the driver path allocates instead).
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        None
+    }
+}

@@ -1,0 +1,143 @@
+//! soma itself: the engine alone over a counting fake backing, and the public API.
+
+use soma::{MemPool, PoolAlloc, Stream};
+use soma_core::engine::{BlockId, Engine, EngineConfig, EngineStats, FreeTag};
+use soma_engine::testing::{FakeBacking, TestOrder};
+
+use super::Allocator;
+use crate::GRANULE;
+
+/// soma's engine alone (no device, no lock): stream 0, frees tagged with increasing
+/// positions, every free complete (what the public API sees on the software NPU when no
+/// kernel is pending), over the engine's counting fake backing.
+#[derive(Debug)]
+pub struct SomaEngine {
+    engine: Engine,
+    backing: FakeBacking,
+    order: TestOrder,
+    pos: u64,
+    recycle: bool,
+}
+
+impl SomaEngine {
+    /// An engine over a `range` of bytes (a multiple of 2 MiB) with 2 MiB granules and
+    /// alignment `alignment`, recycling on growth (the engine's default); named
+    /// `soma-engine`.
+    ///
+    /// # Panics
+    /// An invalid configuration.
+    pub fn new(range: u64, alignment: u64) -> SomaEngine {
+        SomaEngine::with_recycling(range, alignment, true)
+    }
+
+    /// As [`SomaEngine::new`], with `Engine::set_recycle_on_growth(recycle)`. `false` (growth
+    /// only maps, never unmaps free segments elsewhere) is named `soma-engine-retain`.
+    ///
+    /// # Panics
+    /// An invalid configuration.
+    pub fn with_recycling(range: u64, alignment: u64, recycle: bool) -> SomaEngine {
+        let mut engine = Engine::new(EngineConfig {
+            range_size: range,
+            granularity: GRANULE,
+            alignment,
+            index_by_offset: false,
+        })
+        .expect("engine configuration");
+        engine.set_recycle_on_growth(recycle);
+        SomaEngine {
+            engine,
+            backing: FakeBacking::counting(),
+            order: TestOrder::complete(),
+            pos: 0,
+            recycle,
+        }
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> EngineStats {
+        self.engine.stats()
+    }
+
+    /// The fake backing, for its counters.
+    pub fn backing(&self) -> &FakeBacking {
+        &self.backing
+    }
+}
+
+impl Allocator for SomaEngine {
+    type Handle = BlockId;
+    fn name(&self) -> &'static str {
+        if self.recycle {
+            "soma-engine"
+        } else {
+            "soma-engine-retain"
+        }
+    }
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Option<BlockId> {
+        let align = self.engine.config().alignment;
+        self.engine.alloc(bytes, align, 0, &self.order, &mut self.backing).ok().map(|a| a.block)
+    }
+    #[inline]
+    fn free(&mut self, handle: BlockId) {
+        self.pos += 1;
+        self.engine.free(handle, FreeTag { stream: 0, pos: self.pos }).expect("engine free");
+    }
+    fn reserved_high(&self) -> u64 {
+        self.engine.stats().reserved_high
+    }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        let st = self.engine.stats();
+        Some((st.map_calls, st.unmap_calls))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// soma: public API
+
+/// soma's public API on one stream: `pool.alloc_async::<u8>(bytes, stream)`, freed by
+/// dropping the `PoolAlloc`.
+#[derive(Debug)]
+pub struct SomaApi<'s, 'd> {
+    pool: &'s MemPool<'d>,
+    stream: &'s Stream<'d>,
+    name: &'static str,
+}
+
+impl<'s, 'd> SomaApi<'s, 'd> {
+    /// Drives `pool` with allocations for `stream`; named `soma` (meant for a pool with the
+    /// default settings).
+    pub fn new(pool: &'s MemPool<'d>, stream: &'s Stream<'d>) -> Self {
+        SomaApi::named(pool, stream, "soma")
+    }
+
+    /// As [`SomaApi::new`], reported as `name` in benchmark ids and tables: a pool built with
+    /// other settings than the default is a different allocator under test (the benches name
+    /// a pool built with `recycle_on_growth(false)` `soma-retain`). The name is the caller's
+    /// word; nothing checks it against the pool's settings.
+    pub fn named(pool: &'s MemPool<'d>, stream: &'s Stream<'d>, name: &'static str) -> Self {
+        SomaApi { pool, stream, name }
+    }
+}
+
+impl<'s, 'd: 's> Allocator for SomaApi<'s, 'd> {
+    type Handle = PoolAlloc<'s, u8>;
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Option<PoolAlloc<'s, u8>> {
+        self.pool.alloc_async::<u8>(bytes as usize, self.stream).ok()
+    }
+    #[inline]
+    fn free(&mut self, handle: PoolAlloc<'s, u8>) {
+        drop(handle);
+    }
+    fn reserved_high(&self) -> u64 {
+        self.pool.stats().reserved_high
+    }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        let st = self.pool.stats();
+        Some((st.map_calls, st.unmap_calls))
+    }
+}
