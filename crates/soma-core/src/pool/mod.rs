@@ -834,16 +834,13 @@ struct Order<'a> {
 
 impl StreamOrder for Order<'_> {
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
-        let host_observed = self.device.slot(s).observed.load(Ordering::Acquire);
+        let host_observed = self.device.slots.host_observed(s);
         let event = match self.requester {
             Some(t) if self.reuse & FOLLOW_EVENT_DEPENDENCIES != 0 => t.clock().get(s),
             _ => 0,
         };
-        let completed = if self.reuse & OPPORTUNISTIC != 0 {
-            self.device.live_stream(s).map_or(0, |l| l.completed() + 1)
-        } else {
-            0
-        };
+        let completed =
+            if self.reuse & OPPORTUNISTIC != 0 { self.device.slots.completed_bound(s) } else { 0 };
         Eligibility { host_observed, event, completed }
     }
 
@@ -852,10 +849,7 @@ impl StreamOrder for Order<'_> {
     }
 
     fn is_complete(&self, tag: FreeTag) -> bool {
-        if tag.pos < self.device.slot(tag.stream).observed.load(Ordering::Acquire) {
-            return true;
-        }
-        self.device.live_stream(tag.stream).is_some_and(|l| tag.pos <= l.completed())
+        self.device.slots.is_complete(tag.stream, tag.pos)
     }
 }
 

@@ -1,7 +1,5 @@
 //! The pool's observability methods: snapshot, high-water reset, history exports.
 
-use std::sync::atomic::Ordering;
-
 use super::attr::{Attribute as _, ReservedMemHigh, UsedMemHigh};
 use super::MemPool;
 use crate::engine::{BlockInfo, BlockState};
@@ -55,7 +53,7 @@ impl MemPool<'_> {
             blocks,
             |slot| {
                 let id = device.live_stream(slot).map(|l| l.hal.id());
-                (id, device.slot(slot).observed.load(Ordering::Acquire))
+                (id, device.slots.host_observed(slot))
             },
         )
     }
