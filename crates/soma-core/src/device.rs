@@ -10,7 +10,6 @@ use crate::engine::StreamSlot;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::hal::{DeviceHal, DeviceInfo, MemInfo, StreamHal};
-use crate::pool::PoolCore;
 use crate::stream::Stream;
 use slots::{Progress, Slots};
 
@@ -47,10 +46,23 @@ impl LiveStream {
     }
 }
 
+/// What the device tells the pools built on it. A pool registers itself with
+/// [`DeviceShared::register_listener`]; the device keeps a weak reference and knows nothing
+/// else of it. Both calls come without any lock of the device held.
+pub(crate) trait StreamEventListener: Send + Sync {
+    /// A stream of the device was dropped: it drained, so its frees are host-observed, and
+    /// no synchronisation may follow to act on them.
+    fn stream_dropped(&self);
+
+    /// The host synchronised with a stream, an event or the whole device: frees it covered
+    /// are host-observed now.
+    fn host_synchronized(&self);
+}
+
 pub(crate) struct DeviceShared {
     pub(crate) hal: Arc<dyn DeviceHal>,
     pub(crate) slots: Slots<Arc<dyn StreamHal>>,
-    pools: Mutex<Vec<Weak<PoolCore>>>,
+    listeners: Mutex<Vec<Weak<dyn StreamEventListener>>>,
 }
 
 impl DeviceShared {
@@ -63,39 +75,30 @@ impl DeviceShared {
         self.slots.live(slot)
     }
 
-    /// Whether a stream occupies `slot`.
-    pub(crate) fn is_live(&self, slot: StreamSlot) -> bool {
-        self.slots.is_live(slot)
+    /// Registers `listener` for the device's stream events, for as long as it lives.
+    pub(crate) fn register_listener(&self, listener: Weak<dyn StreamEventListener>) {
+        let mut listeners = self.listeners.lock();
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.push(listener);
     }
 
-    /// How many streams of the device are alive.
-    pub(crate) fn live_streams(&self) -> usize {
-        self.slots.live_count()
+    /// The listeners that are still alive (taken out of the lock before they are called).
+    fn live_listeners(&self) -> Vec<Arc<dyn StreamEventListener>> {
+        self.listeners.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
-    pub(crate) fn register_pool(&self, pool: &Arc<PoolCore>) {
-        let mut pools = self.pools.lock();
-        pools.retain(|p| p.strong_count() > 0);
-        pools.push(Arc::downgrade(pool));
-    }
-
-    /// The pools (shards) of the device that are still alive.
-    fn live_pools(&self) -> Vec<Arc<PoolCore>> {
-        self.pools.lock().iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// Settles every live pool's host-observed frees (called when a stream was dropped: its
-    /// frees are host-observed, and no synchronisation may follow to settle them).
+    /// Tells every pool that a stream was dropped, so that they settle its frees.
     pub(crate) fn settle_pools(&self) {
-        for pool in self.live_pools() {
-            pool.settle_observed(self);
+        for listener in self.live_listeners() {
+            listener.stream_dropped();
         }
     }
 
-    /// Applies every live pool's release threshold (called after a host synchronisation).
+    /// Tells every pool that the host synchronised, so that they apply their release
+    /// threshold.
     pub(crate) fn after_host_sync(&self) {
-        for pool in self.live_pools() {
-            pool.apply_release_threshold(self);
+        for listener in self.live_listeners() {
+            listener.host_synchronized();
         }
     }
 
@@ -126,7 +129,7 @@ impl Device {
             shared: Arc::new(DeviceShared {
                 hal,
                 slots: Slots::new(MAX_STREAMS),
-                pools: Mutex::new(Vec::new()),
+                listeners: Mutex::new(Vec::new()),
             }),
         }
     }
