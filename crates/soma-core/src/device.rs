@@ -1,6 +1,7 @@
 //! The typed device handle and the device-wide happens-before state.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub mod slots;
+
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -9,8 +10,8 @@ use crate::engine::StreamSlot;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::hal::{DeviceHal, DeviceInfo, MemInfo, StreamHal};
-use crate::pool::PoolCore;
 use crate::stream::Stream;
+use slots::{Progress, Slots};
 
 /// Most streams alive at once on one device (CANN's own limit is of the same order).
 pub const MAX_STREAMS: usize = 1024;
@@ -24,159 +25,111 @@ pub struct Device {
     pub(crate) shared: Arc<DeviceShared>,
 }
 
-/// What a stream slot knows about its current (or last) stream.
-pub(crate) struct SlotState {
-    /// Frees on this slot with a global position below this bound were observed complete by
-    /// the host (stream / event / device synchronize, or the stream was dropped).
-    pub(crate) observed: AtomicU64,
-    /// The live stream in this slot, if any.
-    pub(crate) live: Mutex<Option<LiveStream>>,
-}
+/// A live stream as the device sees it: its backend and its slot's base.
+pub(crate) type LiveStream = slots::LiveStream<Arc<dyn StreamHal>>;
 
-/// A live stream as the device sees it.
-#[derive(Clone)]
-pub(crate) struct LiveStream {
-    pub(crate) hal: Arc<dyn StreamHal>,
-    /// Global position of the slot = `base + hal position`; monotonic across incarnations.
-    pub(crate) base: u64,
+impl Progress for Arc<dyn StreamHal> {
+    #[inline]
+    fn completed(&self) -> u64 {
+        StreamHal::completed(&**self)
+    }
+
+    fn note_completed(&self, position: u64) {
+        StreamHal::note_completed(&**self, position);
+    }
 }
 
 impl LiveStream {
+    /// The global position of the end of the stream's queue.
     pub(crate) fn enqueued(&self) -> u64 {
         self.base + self.hal.enqueued()
     }
-
-    pub(crate) fn completed(&self) -> u64 {
-        self.base + self.hal.completed()
-    }
 }
 
-struct SlotAllocator {
-    free: Vec<StreamSlot>,
-    next_unused: StreamSlot,
-    /// Base for the next incarnation of each slot that has been used.
-    next_base: Vec<u64>,
+/// What the device tells the pools built on it. A pool registers itself with
+/// [`DeviceShared::register_listener`]; the device keeps a weak reference and knows nothing
+/// else of it. Both calls come without any lock of the device held.
+pub(crate) trait StreamEventListener: Send + Sync {
+    /// A stream of the device was dropped: it drained, so its frees are host-observed, and
+    /// no synchronisation may follow to act on them.
+    fn stream_dropped(&self);
+
+    /// The host synchronised with a stream, an event or the whole device: frees it covered
+    /// are host-observed now.
+    fn host_synchronized(&self);
 }
 
 pub(crate) struct DeviceShared {
     pub(crate) hal: Arc<dyn DeviceHal>,
-    pub(crate) slots: Box<[SlotState]>,
-    allocator: Mutex<SlotAllocator>,
-    pools: Mutex<Vec<Weak<PoolCore>>>,
+    pub(crate) slots: Slots<Arc<dyn StreamHal>>,
+    listeners: Mutex<Vec<Weak<dyn StreamEventListener>>>,
 }
 
 impl DeviceShared {
-    pub(crate) fn slot(&self, slot: StreamSlot) -> &SlotState {
-        &self.slots[slot as usize]
-    }
-
     /// Records that the host observed completion of slot's work below global `bound`.
     pub(crate) fn observe(&self, slot: StreamSlot, bound: u64) {
-        let before = self.slot(slot).observed.fetch_max(bound, Ordering::AcqRel);
-        if bound > before {
-            // Tell the backend too: one that caches completion (the ascend backend checks
-            // unmaps against it) would otherwise ask the driver, which knows only "not idle".
-            if let Some(live) = self.live_stream(slot) {
-                if let Some(done) = bound.checked_sub(1).and_then(|d| d.checked_sub(live.base)) {
-                    live.hal.note_completed(done);
-                }
-            }
-        }
-    }
-
-    /// How many streams of the device are alive.
-    pub(crate) fn live_streams(&self) -> usize {
-        let alloc = self.allocator.lock();
-        alloc.next_unused as usize - alloc.free.len()
-    }
-
-    /// Whether a stream occupies `slot`.
-    pub(crate) fn is_live(&self, slot: StreamSlot) -> bool {
-        self.slot(slot).live.lock().is_some()
+        self.slots.observe(slot, bound);
     }
 
     pub(crate) fn live_stream(&self, slot: StreamSlot) -> Option<LiveStream> {
-        self.slot(slot).live.lock().clone()
+        self.slots.live(slot)
     }
 
-    pub(crate) fn register_pool(&self, pool: &Arc<PoolCore>) {
-        let mut pools = self.pools.lock();
-        pools.retain(|p| p.strong_count() > 0);
-        pools.push(Arc::downgrade(pool));
+    /// Registers `listener` for the device's stream events, for as long as it lives.
+    pub(crate) fn register_listener(&self, listener: Weak<dyn StreamEventListener>) {
+        let mut listeners = self.listeners.lock();
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.push(listener);
     }
 
-    /// The pools (shards) of the device that are still alive.
-    fn live_pools(&self) -> Vec<Arc<PoolCore>> {
-        self.pools.lock().iter().filter_map(Weak::upgrade).collect()
+    /// The listeners that are still alive (taken out of the lock before they are called).
+    fn live_listeners(&self) -> Vec<Arc<dyn StreamEventListener>> {
+        self.listeners.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Settles every live pool's host-observed frees (called when a stream was dropped: its
-    /// frees are host-observed, and no synchronisation may follow to settle them).
+    /// Tells every pool that a stream was dropped, so that they settle its frees.
     pub(crate) fn settle_pools(&self) {
-        for pool in self.live_pools() {
-            pool.settle_observed(self);
+        for listener in self.live_listeners() {
+            listener.stream_dropped();
         }
     }
 
-    /// Applies every live pool's release threshold (called after a host synchronisation).
+    /// Tells every pool that the host synchronised, so that they apply their release
+    /// threshold.
     pub(crate) fn after_host_sync(&self) {
-        for pool in self.live_pools() {
-            pool.apply_release_threshold(self);
+        for listener in self.live_listeners() {
+            listener.host_synchronized();
         }
     }
 
     /// [`Error::TooManyStreams`] when every stream slot is taken (checked before the backend
     /// creates a stream, whose own limit would report something less clear).
     pub(crate) fn check_stream_room(&self) -> Result<()> {
-        let alloc = self.allocator.lock();
-        if alloc.free.is_empty() && alloc.next_unused as usize >= MAX_STREAMS {
-            return Err(Error::TooManyStreams { max: MAX_STREAMS });
+        if self.slots.has_room() {
+            Ok(())
+        } else {
+            Err(Error::TooManyStreams { max: MAX_STREAMS })
         }
-        Ok(())
     }
 
     pub(crate) fn attach_stream(&self, hal: Arc<dyn StreamHal>) -> Result<(StreamSlot, u64)> {
-        let mut alloc = self.allocator.lock();
-        let slot = match alloc.free.pop() {
-            Some(s) => s,
-            None if (alloc.next_unused as usize) < MAX_STREAMS => {
-                alloc.next_unused += 1;
-                alloc.next_base.push(0);
-                alloc.next_unused - 1
-            }
-            None => return Err(Error::TooManyStreams { max: MAX_STREAMS }),
-        };
-        let base = alloc.next_base[slot as usize];
-        *self.slot(slot).live.lock() = Some(LiveStream { hal, base });
-        Ok((slot, base))
+        self.slots.attach(hal).ok_or(Error::TooManyStreams { max: MAX_STREAMS })
     }
 
     /// Called when a stream has drained: everything it enqueued is complete.
     pub(crate) fn detach_stream(&self, slot: StreamSlot, final_global: u64) {
-        let mut alloc = self.allocator.lock();
-        *self.slot(slot).live.lock() = None;
-        self.observe(slot, final_global + 1);
-        alloc.next_base[slot as usize] = final_global + 1;
-        alloc.free.push(slot);
+        self.slots.detach(slot, final_global);
     }
 }
 
 impl Device {
     /// Wraps a backend device. Backends call this once per device and hand out clones.
     pub fn new(hal: Arc<dyn DeviceHal>) -> Device {
-        let slots = (0..MAX_STREAMS)
-            .map(|_| SlotState { observed: AtomicU64::new(0), live: Mutex::new(None) })
-            .collect();
         Device {
             shared: Arc::new(DeviceShared {
                 hal,
-                slots,
-                allocator: Mutex::new(SlotAllocator {
-                    free: Vec::new(),
-                    next_unused: 0,
-                    next_base: Vec::new(),
-                }),
-                pools: Mutex::new(Vec::new()),
+                slots: Slots::new(MAX_STREAMS),
+                listeners: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -221,7 +174,7 @@ impl Device {
     /// # Errors
     /// The first stream error the backend reports.
     pub fn synchronize(&self) -> Result<()> {
-        let snapshot: Vec<(StreamSlot, u64)> = (0..self.shared.slots.len() as StreamSlot)
+        let snapshot: Vec<(StreamSlot, u64)> = (0..self.shared.slots.count() as StreamSlot)
             .filter_map(|s| self.shared.live_stream(s).map(|l| (s, l.enqueued())))
             .collect();
         let result = self.shared.hal.synchronize();

@@ -40,3 +40,8 @@ pub use stream::{KernelArg, Stream};
 #[cfg(loom)]
 #[doc(hidden)]
 pub use pool::free_ring;
+
+/// The device's stream slots, public only for their loom model (`tests/loom.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use device::slots;

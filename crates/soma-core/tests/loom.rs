@@ -1,36 +1,41 @@
-//! loom models of soma-core's lock-free protocol: the per-slot **host-observed bound**.
+//! loom models of soma-core's lock-free protocols.
 //!
-//! `DeviceShared::observe` publishes "the host saw every task of slot `s` below global
-//! position `b` complete" with `observed.fetch_max(b, AcqRel)` (after `Stream::synchronize`,
-//! `Event::synchronize`, `Device::synchronize`, a successful query, or when a dropped stream
-//! drains and its slot is detached). The pool consumes it with `observed.load(Acquire)` in
-//! `Order::eligibility` / `Order::is_complete` and then hands the block to another stream,
-//! or unmaps it. The opportunistic rule instead reads the stream's `completed()` counter,
-//! which the software NPU's worker stores after running a task.
+//! **The host-observed bound** (`src/device/slots.rs`). The device publishes "the host saw
+//! every task of slot `s` below global position `b` complete" with
+//! `observed.fetch_max(b, AcqRel)` (after a stream, event or device synchronisation, a
+//! successful query, or when a dropped stream drains and its slot is detached); the pool
+//! reads it with `observed.load(Acquire)` when it asks whether a free is complete, and then
+//! hands the block to another stream or unmaps it. The opportunistic rule instead reads the
+//! live stream's `completed()` counter, which the backend's worker stores after running a
+//! task. These models run the device's own slot code: `soma_core::slots` (re-exported under
+//! `--cfg loom`) takes its atomics and locks from `crate::sync`, loom's here, and the live
+//! stream's counter is a type parameter, which the models fill with a [`Worker`].
 //!
-//! What must hold, and what these models check on every interleaving loom explores:
+//! What must hold, on every interleaving loom explores:
 //!
-//! 1. when the consumer sees a bound above a free's position, every write the device made to
+//! 1. when the reader sees a bound above a free's position, every write the device made to
 //!    the block before the free happens-before the new owner's writes (no data race on the
-//!    block, modelled as a `loom::cell::UnsafeCell`);
+//!    block, a `loom::cell::UnsafeCell`);
 //! 2. the bound only grows, whatever the order of concurrent observers;
 //! 3. detaching a drained stream and attaching a new stream to the same slot never makes a
-//!    free of the *new* incarnation look complete, and a stale tag of the old incarnation is
+//!    free of the *new* incarnation look complete, and a free of the old incarnation is
 //!    complete only with the old writes visible.
 //!
-//! The free ring (`src/pool/free_ring.rs`) is modelled with its own code at the end of this
-//! file (`mod free_ring`).
+//! `relaxed_publication_is_caught` shows that the models are sensitive: the same slot code
+//! with the bound published and read with `Relaxed` (a variant built only under loom) lets
+//! the reader's write race with the device's, and loom reports it.
 //!
-//! Two more models cover the vector-clock side: a stream's clock against its task queue when
-//! one thread records an event on the stream while another makes it wait
-//! (`a_record_never_claims_a_later_wait`), and `Event::synchronize` against a concurrent
-//! re-record (`event_synchronize_publishes_only_what_it_waited_for`). Both found real races
-//! (fixed in 5065b6b); the models of the code before the fix are kept as `should_panic` tests.
+//! **The free ring** (`src/pool/free_ring.rs`) is modelled with its own code too, at the end
+//! of this file (`mod free_ring`), with the same kind of planted bug.
 //!
-//! The models mirror the code in `src/device.rs` and `src/pool/mod.rs` (`Order`) with loom's
-//! types; soma-core itself does not switch to loom types, so a change to the protocol there
-//! must be mirrored here. `relaxed_publication_is_caught` shows the model is sensitive: with
-//! `Relaxed` instead of `AcqRel`/`Acquire`, loom reports the race.
+//! **The vector clocks** of streams and events are modelled by hand: the models copy the
+//! locking of `Stream::record_raw`, `Stream::wait_event`, `Event::record_on`, `Event::wait_on`
+//! and `Event::synchronize` onto loom's mutexes, so a change to that locking must be copied
+//! here. Each comes with the racy variant it rules out, as a `should_panic` model: a record
+//! that reads the stream's clock after enqueueing
+//! (`a_record_reading_the_clock_late_claims_a_later_wait`), and an event synchronisation
+//! that publishes the clock it read without checking the record's generation
+//! (`an_unchecked_event_synchronize_publishes_an_older_record`).
 //!
 //! Run (own target dir: `--cfg loom` rebuilds every dependency):
 //!
@@ -44,97 +49,126 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
+use soma_core::slots::{Progress, Slots};
 
-/// A stream slot as the protocol sees it: the worker's completed counter, the host-observed
-/// bound, the live incarnation (its base) and one block of device memory.
-struct Slot {
-    /// `StreamHal::completed()` of the first incarnation (stored by the device's worker).
-    completed: Arc<AtomicU64>,
-    /// `SlotState::observed`.
-    observed: AtomicU64,
-    /// `SlotState::live`: the live incarnation's base and completed counter, if any.
-    live: Mutex<Option<(u64, Arc<AtomicU64>)>>,
-    /// The block freed at position 1 of the first incarnation.
+/// A stream's backend as the slot protocol sees it: the completed counter its worker stores.
+#[derive(Clone)]
+struct Worker(Arc<AtomicU64>);
+
+impl Worker {
+    fn new() -> Worker {
+        Worker(Arc::new(AtomicU64::new(0)))
+    }
+
+    /// The worker runs a task: its last write to the block, then the count (a `Release`
+    /// store, as a backend must publish completion).
+    fn run_task(&self, block: &UnsafeCell<u64>, task: u64) {
+        // SAFETY: a valid, exclusive pointer unless loom finds a concurrent access (the test).
+        block.with_mut(|p| unsafe { *p = task });
+        self.0.store(task, Ordering::Release);
+    }
+
+    /// The host waits for the worker to complete `task` (the backend's synchronize).
+    fn wait_for(&self, task: u64) {
+        while self.0.load(Ordering::Acquire) < task {
+            thread::yield_now();
+        }
+    }
+}
+
+impl Progress for Worker {
+    fn completed(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// The modelled backend reads its counter every time: nothing to note.
+    fn note_completed(&self, _position: u64) {}
+}
+
+/// A device of one slot, whose first stream's task 1 is the last use of a block freed at
+/// position 1.
+struct Device {
+    slots: Slots<Worker>,
+    worker: Worker,
     block: UnsafeCell<u64>,
 }
 
-impl Slot {
-    fn new() -> Arc<Slot> {
-        let completed = Arc::new(AtomicU64::new(0));
-        Arc::new(Slot {
-            completed: Arc::clone(&completed),
-            observed: AtomicU64::new(0),
-            live: Mutex::new(Some((0, completed))),
-            block: UnsafeCell::new(0),
-        })
+impl Device {
+    fn new(slots: Slots<Worker>) -> Arc<Device> {
+        let worker = Worker::new();
+        assert_eq!(slots.attach(worker.clone()), Some((0, 0)), "slot 0, base 0");
+        Arc::new(Device { slots, worker, block: UnsafeCell::new(0) })
     }
 
-    /// The device's worker runs task 1 (the last use of the block), then counts it complete.
-    fn run_task_1(&self, order: Ordering) {
-        // SAFETY: a valid, exclusive pointer unless loom finds a concurrent access (the test).
-        self.block.with_mut(|p| unsafe { *p = 1 });
-        self.completed.store(1, order);
+    /// The device's worker runs task 1.
+    fn run_task_1(&self) {
+        self.worker.run_task(&self.block, 1);
     }
 
     /// `Stream::synchronize`: read the enqueued position, wait for the device, publish.
-    fn synchronize(&self, enqueued: u64, publish: Ordering) {
-        while self.completed.load(Ordering::Acquire) < enqueued {
-            thread::yield_now();
-        }
-        self.observed.fetch_max(enqueued + 1, publish);
-    }
-
-    /// `Order::is_complete` for a free at global position `pos`.
-    fn is_complete(&self, pos: u64, load: Ordering) -> bool {
-        if pos < self.observed.load(load) {
-            return true;
-        }
-        let live = self.live.lock().unwrap().clone();
-        live.is_some_and(|(base, completed)| pos <= base + completed.load(Ordering::Acquire))
+    fn synchronize(&self, enqueued: u64) {
+        self.worker.wait_for(enqueued);
+        self.slots.observe(0, enqueued + 1);
     }
 
     /// The new owner of the block writes it (on another stream, ordered after the check).
     fn reuse(&self) {
-        // SAFETY: as in `run_task_1`: loom checks the exclusivity this relies on.
+        // SAFETY: as in `Worker::run_task`: loom checks the exclusivity this relies on.
         self.block.with_mut(|p| unsafe { *p = 2 });
     }
 }
 
-/// Property 1 through the host-observed bound (`Stream::synchronize` on one thread, an
-/// allocation on another).
-#[test]
-fn host_observed_bound_publishes_the_device_writes() {
-    loom::model(|| {
-        let slot = Slot::new();
+/// Property 1 through the host-observed bound: the device's worker runs the block's last
+/// task, a host thread synchronises the stream, and an allocating thread reuses the block
+/// once the bound says that its free (at position 1) is complete. `slots` makes the device's
+/// slots: the real ones, or the planted bug.
+fn reuse_after_host_synchronize(slots: fn(usize) -> Slots<Worker>) {
+    loom::model(move || {
+        let device = Device::new(slots(1));
         let worker = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || slot.run_task_1(Ordering::SeqCst))
+            let device = Arc::clone(&device);
+            thread::spawn(move || device.run_task_1())
         };
         let host_sync = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || slot.synchronize(1, Ordering::AcqRel))
+            let device = Arc::clone(&device);
+            thread::spawn(move || device.synchronize(1))
         };
         // The allocating thread: host-observed eligibility only (no opportunistic read).
-        if 1 < slot.observed.load(Ordering::Acquire) {
-            slot.reuse();
+        if 1 < device.slots.host_observed(0) {
+            device.reuse();
         }
         worker.join().unwrap();
         host_sync.join().unwrap();
-        assert_eq!(slot.observed.load(Ordering::Relaxed), 2);
+        assert_eq!(device.slots.host_observed(0), 2);
     });
 }
 
-/// Property 1 through the opportunistic rule: the allocating thread reads `completed`.
+#[test]
+fn host_observed_bound_publishes_the_device_writes() {
+    reuse_after_host_synchronize(Slots::new);
+}
+
+/// The models are sensitive: the slots with the bound published and read with `Relaxed`
+/// lose the happens-before edge from the device's writes to the new owner's, and loom
+/// reports the race.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn relaxed_publication_is_caught() {
+    reuse_after_host_synchronize(Slots::with_relaxed_publication);
+}
+
+/// Property 1 through the opportunistic rule: the allocating thread asks whether the free
+/// is complete, which reads the live stream's counter.
 #[test]
 fn completed_counter_publishes_the_device_writes() {
     loom::model(|| {
-        let slot = Slot::new();
+        let device = Device::new(Slots::new(1));
         let worker = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || slot.run_task_1(Ordering::SeqCst))
+            let device = Arc::clone(&device);
+            thread::spawn(move || device.run_task_1())
         };
-        if slot.is_complete(1, Ordering::Acquire) {
-            slot.reuse();
+        if device.slots.is_complete(0, 1) {
+            device.reuse();
         }
         worker.join().unwrap();
     });
@@ -145,90 +179,58 @@ fn completed_counter_publishes_the_device_writes() {
 #[test]
 fn the_bound_only_grows() {
     loom::model(|| {
-        let observed = Arc::new(AtomicU64::new(0));
-        let a = {
-            let o = Arc::clone(&observed);
-            thread::spawn(move || o.fetch_max(5, Ordering::AcqRel))
-        };
-        let b = {
-            let o = Arc::clone(&observed);
-            thread::spawn(move || o.fetch_max(3, Ordering::AcqRel))
-        };
-        let first = observed.load(Ordering::Acquire);
-        let second = observed.load(Ordering::Acquire);
+        let device = Device::new(Slots::new(1));
+        let observers: Vec<_> = [5, 3]
+            .into_iter()
+            .map(|bound| {
+                let device = Arc::clone(&device);
+                thread::spawn(move || device.slots.observe(0, bound))
+            })
+            .collect();
+        let first = device.slots.host_observed(0);
+        let second = device.slots.host_observed(0);
         assert!(second >= first, "the bound went down: {first} -> {second}");
-        a.join().unwrap();
-        b.join().unwrap();
-        assert_eq!(observed.load(Ordering::Acquire), 5);
+        for o in observers {
+            o.join().unwrap();
+        }
+        assert_eq!(device.slots.host_observed(0), 5);
     });
 }
 
-/// Property 3: a drained stream is detached (`live = None`, then the bound is raised past its
-/// last position) and a new stream attached to the slot with `base = final + 1`, while
-/// another thread checks tags of both incarnations.
+/// Property 3: the stream is dropped (it drains up to its final position 1, its slot is
+/// detached) and a new stream takes the slot, while another thread checks frees of both
+/// incarnations.
 #[test]
 fn slot_recycling_keeps_incarnations_apart() {
     loom::model(|| {
-        let slot = Slot::new();
+        let device = Device::new(Slots::new(1));
         let worker = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || slot.run_task_1(Ordering::SeqCst))
+            let device = Arc::clone(&device);
+            thread::spawn(move || device.run_task_1())
         };
         let recycle = {
-            let slot = Arc::clone(&slot);
+            let device = Arc::clone(&device);
             thread::spawn(move || {
-                // Drop of the stream: drain (final position 1), detach, then a new stream
-                // takes the slot. Its worker has completed nothing yet.
-                let final_global = 1;
-                while slot.completed.load(Ordering::Acquire) < final_global {
-                    thread::yield_now();
-                }
-                *slot.live.lock().unwrap() = None;
-                slot.observed.fetch_max(final_global + 1, Ordering::AcqRel);
-                // The new incarnation has its own hal, counting from 0.
-                *slot.live.lock().unwrap() = Some((final_global + 1, Arc::new(AtomicU64::new(0))));
+                // Drop of the stream: drain, detach; then a new stream takes the slot, its
+                // worker having completed nothing yet.
+                device.worker.wait_for(1);
+                device.slots.detach(0, 1);
+                let next = device.slots.attach(Worker::new());
+                assert_eq!(next, Some((0, 2)), "the new incarnation starts after the old one");
             })
         };
         // A free of the old incarnation at position 1 ...
-        if slot.is_complete(1, Ordering::Acquire) {
-            slot.reuse();
+        if device.slots.is_complete(0, 1) {
+            device.reuse();
         }
         // ... and one of the new incarnation after its first task (global 2 + 1 = 3), which
         // never completes in this model.
         assert!(
-            !slot.is_complete(3, Ordering::Acquire),
+            !device.slots.is_complete(0, 3),
             "a pending free of the new stream looked complete"
         );
         worker.join().unwrap();
         recycle.join().unwrap();
-    });
-}
-
-/// The model is sensitive: publishing and consuming the bound with `Relaxed` loses the
-/// happens-before edge from the device's writes to the new owner's, and loom reports it.
-#[test]
-#[should_panic]
-fn relaxed_publication_is_caught() {
-    loom::model(|| {
-        let slot = Slot::new();
-        let worker = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || slot.run_task_1(Ordering::Relaxed))
-        };
-        let host_sync = {
-            let slot = Arc::clone(&slot);
-            thread::spawn(move || {
-                while slot.completed.load(Ordering::Relaxed) < 1 {
-                    thread::yield_now();
-                }
-                slot.observed.fetch_max(2, Ordering::Relaxed);
-            })
-        };
-        if 1 < slot.observed.load(Ordering::Relaxed) {
-            slot.reuse();
-        }
-        worker.join().unwrap();
-        host_sync.join().unwrap();
     });
 }
 
@@ -265,19 +267,20 @@ mod stream_clock {
         )
     }
 
-    /// `s1.record(&E)` before 5065b6b: `Event::record_on` locks `E.recorded`, then
-    /// `Stream::record_raw` enqueues the record and only then reads the stream's clock.
-    pub fn record_before_fix(s1: &S1, ev: &Events) {
+    /// The racy variant of `s1.record(&E)`: `Event::record_on` locks `E.recorded`, then the
+    /// record is enqueued and only then is the stream's clock read (without its lock held
+    /// across the enqueue).
+    pub fn record_reading_the_clock_late(s1: &S1, ev: &Events) {
         let mut recorded = ev.e.lock().unwrap();
         s1.queue.lock().unwrap().push(Task::RecordE); // hal.record
         let clock = *s1.clock.lock().unwrap(); // self.clock.lock().clone()
         *recorded = Some(clock);
     }
 
-    /// `s1.wait_event(&F)` (unchanged by 5065b6b): `Event::wait_on` enqueues the wait under
-    /// `F.recorded`, then the stream joins the clock under its own lock, separately. The
-    /// pool's inserted waits (`free_block`, `insert_dependency`) have the same shape.
-    pub fn wait_current(s1: &S1, ev: &Events) {
+    /// `s1.wait_event(&F)`: `Event::wait_on` enqueues the wait under `F.recorded`, then the
+    /// stream joins the clock under its own lock, separately. The pool's inserted waits
+    /// (frees after uses on other streams, internal dependencies) have the same shape.
+    pub fn wait(s1: &S1, ev: &Events) {
         let clock = {
             let recorded = ev.f.lock().unwrap();
             s1.queue.lock().unwrap().push(Task::WaitF); // hal.wait
@@ -289,9 +292,9 @@ mod stream_clock {
         }
     }
 
-    /// `s1.record(&E)` since 5065b6b: `record_on` locks `E.recorded`, then `record_raw`
-    /// holds the stream's clock lock across the enqueue and the snapshot.
-    pub fn record_current(s1: &S1, ev: &Events) {
+    /// `s1.record(&E)`: `record_on` locks `E.recorded`, then `record_raw` holds the stream's
+    /// clock lock across the enqueue and the snapshot.
+    pub fn record(s1: &S1, ev: &Events) {
         let mut recorded = ev.e.lock().unwrap();
         let clock = s1.clock.lock().unwrap();
         s1.queue.lock().unwrap().push(Task::RecordE);
@@ -300,16 +303,16 @@ mod stream_clock {
         *recorded = Some(snapshot);
     }
 
-    /// The alternative proposed with the first model: the stream's clock lock held across
-    /// "enqueue + clock update" in both, taken before the event's lock.
-    pub fn record_fixed(s1: &S1, ev: &Events) {
+    /// Another sound locking: the stream's clock lock held across "enqueue + clock update"
+    /// in both record and wait, taken before the event's lock.
+    pub fn record_clock_first(s1: &S1, ev: &Events) {
         let clock = s1.clock.lock().unwrap();
         let mut recorded = ev.e.lock().unwrap();
         s1.queue.lock().unwrap().push(Task::RecordE);
         *recorded = Some(*clock);
     }
 
-    pub fn wait_fixed(s1: &S1, ev: &Events) {
+    pub fn wait_clock_first(s1: &S1, ev: &Events) {
         let mut mine = s1.clock.lock().unwrap();
         let recorded = ev.f.lock().unwrap();
         s1.queue.lock().unwrap().push(Task::WaitF);
@@ -350,37 +353,37 @@ mod stream_clock {
 /// the wait joined X's clock, the event claims an ordering the device does not have, and a
 /// stream waiting on it may be handed X's memory while X still uses it (rule 2).
 ///
-/// This was a bug until 5065b6b; the model of the code before it must fail (`should_panic`),
-/// the model of the current code must pass.
+/// The racy variant, a record that reads the stream's clock after enqueueing, must fail
+/// (`should_panic`); the model of `record_raw` must pass.
 #[test]
 #[should_panic(expected = "E's clock claims X:7")]
-fn a_record_claimed_a_later_wait_before_the_fix() {
-    stream_clock::run(stream_clock::record_before_fix, stream_clock::wait_current);
+fn a_record_reading_the_clock_late_claims_a_later_wait() {
+    stream_clock::run(stream_clock::record_reading_the_clock_late, stream_clock::wait);
 }
 
-/// The current `record_raw` (clock lock spanning the enqueue) with the current `wait_event`.
+/// `record_raw` (clock lock spanning the enqueue) with `wait_event`.
 #[test]
 fn a_record_never_claims_a_later_wait() {
-    stream_clock::run(stream_clock::record_current, stream_clock::wait_current);
+    stream_clock::run(stream_clock::record, stream_clock::wait);
 }
 
-/// The proposed fix (stream clock lock held across enqueue and clock update, taken before the
-/// event's lock) is sound and deadlock-free in the model.
+/// The other locking (stream clock lock held across enqueue and clock update, taken before
+/// the event's lock) is sound and deadlock-free in the model too.
 #[test]
-fn fixed_record_and_wait_keep_clock_and_queue_in_step() {
-    stream_clock::run(stream_clock::record_fixed, stream_clock::wait_fixed);
+fn clock_first_record_and_wait_keep_clock_and_queue_in_step() {
+    stream_clock::run(stream_clock::record_clock_first, stream_clock::wait_clock_first);
 }
 
 /// `Event::synchronize` (and `Event::query`) read the event's clock, release its lock, then
 /// ask the backend to wait for the event's *latest* record. If another thread re-records the
 /// event on a second stream in between, the host waits for the new record; publishing the
 /// old record's clock as host-observed would make the first stream's pending frees reusable
-/// by every stream while it still runs. Since 5065b6b records carry a generation and the
-/// clock is published only if the generation is unchanged after the wait.
+/// by every stream while it still runs. So records carry a generation, and the clock is
+/// published only if the generation is unchanged after the wait.
 ///
 /// Model: `E` is recorded on `s1`, whose work never completes here; a thread re-records it on
-/// `s2` (complete) while another synchronizes it. Returns what the synchronizing thread
-/// published (`None`: nothing, or it would still be waiting for s1).
+/// `s2` (complete) while another synchronizes it, and checks the clock it publishes (when
+/// its wait returns: a wait for s1 would never return here).
 fn event_sync_model(check_generation: bool) {
     loom::model(move || {
         // (generation, clock's stream) of the latest record, and the backend's latest record.
@@ -408,14 +411,15 @@ fn event_sync_model(check_generation: bool) {
     });
 }
 
-/// The code before 5065b6b published the clock it had read, whatever it waited for.
+/// The racy variant publishes the clock it had read, whatever it waited for: it must fail.
 #[test]
 #[should_panic(expected = "published s1's clock")]
-fn event_synchronize_published_an_older_record_before_the_fix() {
+fn an_unchecked_event_synchronize_publishes_an_older_record() {
     event_sync_model(false);
 }
 
-/// The current code publishes only if the record's generation is unchanged after the wait.
+/// `Event::synchronize` publishes only if the record's generation is unchanged after the
+/// wait.
 #[test]
 fn event_synchronize_publishes_only_what_it_waited_for() {
     event_sync_model(true);

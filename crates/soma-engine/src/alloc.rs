@@ -44,6 +44,14 @@ pub enum AllocError<E> {
     Backing(E),
 }
 
+/// How a block was granted: the reuse rule that served it (none for fresh memory) and the
+/// dependency the caller must insert (rule 4).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Grant {
+    pub(crate) reuse: Option<ReuseKind>,
+    pub(crate) dependency: Option<FreeTag>,
+}
+
 impl<E: std::fmt::Display> std::fmt::Display for AllocError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -366,7 +374,6 @@ impl Engine {
     /// indexed free block: those are maximal (no free neighbour they may merge with), so
     /// neither rest can merge with anything and is indexed as it is. Updates the statistics
     /// and the offset index.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn finish_alloc(
         &mut self,
@@ -374,8 +381,7 @@ impl Engine {
         start: u64,
         size: u64,
         align: u64,
-        reuse: Option<ReuseKind>,
-        dependency: Option<FreeTag>,
+        grant: Grant,
         coalesce: bool,
     ) -> Allocation {
         let b = self.slab.blocks[idx as usize];
@@ -395,7 +401,7 @@ impl Engine {
             None
         };
         // `mid` is live before its neighbours are indexed, so that they do not merge into it.
-        let a = self.make_live(mid, start, size, align, reuse, dependency);
+        let a = self.make_live(mid, start, size, align, grant);
         for rest in [front, tail].into_iter().flatten() {
             if coalesce {
                 self.insert_free_coalesce(rest);
@@ -421,9 +427,9 @@ impl Engine {
         start: u64,
         size: u64,
         align: u64,
-        reuse: Option<ReuseKind>,
-        dependency: Option<FreeTag>,
+        grant: Grant,
     ) -> Allocation {
+        let Grant { reuse, dependency } = grant;
         let generation = {
             let m = &mut self.slab.blocks[mid as usize];
             m.kind = Kind::Live;
@@ -476,9 +482,9 @@ impl Engine {
                 .expect("a free block's index exists");
             ix.replace(&mut self.slab.blocks, idx, t);
             ix.bytes -= size;
-            return self.make_live(idx, start, size, align, reuse, dependency);
+            return self.make_live(idx, start, size, align, Grant { reuse, dependency });
         }
         self.remove_free(idx);
-        self.finish_alloc(idx, start, size, align, reuse, dependency, false)
+        self.finish_alloc(idx, start, size, align, Grant { reuse, dependency }, false)
     }
 }

@@ -3,6 +3,7 @@
 
 use smallvec::SmallVec;
 
+use crate::alloc::Grant;
 use crate::block::{Kind, NIL};
 use crate::config::{align_down, align_up};
 use crate::{
@@ -128,7 +129,14 @@ impl Engine {
         let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
         let alloc_end = plan.alloc_off + size;
         let Some(base) = plan.base else {
-            return Ok(self.finish_alloc(fresh, plan.alloc_off, size, align, None, None, true));
+            return Ok(self.finish_alloc(
+                fresh,
+                plan.alloc_off,
+                size,
+                align,
+                Grant::default(),
+                true,
+            ));
         };
         // Extension: the newly mapped memory the block does not cover stays untagged (it was
         // never used); only the part of `base` outside the block keeps `base`'s tag.
@@ -154,7 +162,8 @@ impl Engine {
             self.slab.absorb_next(used, base);
             (used, leftover)
         };
-        let a = self.finish_alloc(target, plan.alloc_off, size, align, plan.kind, None, true);
+        let grant = Grant { reuse: plan.kind, dependency: None };
+        let a = self.finish_alloc(target, plan.alloc_off, size, align, grant, true);
         if let Some(l) = leftover {
             self.insert_free_coalesce(l);
         }

@@ -7,7 +7,9 @@ use once_cell::race::OnceBox;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::{Granted, MemPool, PoolCore};
+use super::allocate::Granted;
+use super::api::MemPool;
+use super::free::TypedFree;
 use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
 use crate::device::Device;
 use crate::engine::{BlockId, StreamSlot};
@@ -122,15 +124,7 @@ impl<'s, T: bytemuck::Pod + Send + Sync> PoolAlloc<'s, T> {
     pub fn free(self) -> Result<()> {
         let (this, uses) = self.disarm();
         let location = std::panic::Location::caller();
-        let device = &this.pool.device().shared;
-        this.pool_core().free_typed(
-            device,
-            (this.block, this.ptr),
-            this.byte_len_internal(),
-            this.stream,
-            &uses,
-            Some(location),
-        )
+        this.pool.free_typed(&this.typed_free(&uses, Some(location)))
     }
 
     /// Moves the allocation to stream `to`: records an event on its current stream and makes
@@ -190,9 +184,22 @@ impl<T> PoolAlloc<'_, T> {
         self.byte_len_internal()
     }
 
-    /// The shard of the pool that holds the block.
-    pub(crate) fn pool_core(&self) -> &PoolCore {
-        self.pool.core_at(self.shard())
+    /// The free of this allocation's block onto its stream, after `uses` on other streams.
+    #[inline]
+    fn typed_free<'a>(
+        &'a self,
+        uses: &'a [StreamUse],
+        location: Option<&'static std::panic::Location<'static>>,
+    ) -> TypedFree<'a> {
+        TypedFree {
+            block: self.block,
+            ptr: self.ptr,
+            bytes: self.byte_len_internal(),
+            shard: self.shard(),
+            stream: self.stream,
+            uses,
+            location,
+        }
     }
 
     pub(crate) fn shard(&self) -> u8 {
@@ -216,34 +223,22 @@ impl<T> PoolAlloc<'_, T> {
         self.uses.snapshot()
     }
 
-    /// Points the allocation at a new block; returns the old block, pointer and recorded uses.
-    pub(crate) fn relocate(
-        &mut self,
-        block: BlockId,
-        ptr: DevicePtr,
-    ) -> (Option<BlockId>, DevicePtr, SmallVec<[StreamUse; 2]>) {
-        let old = self.block.replace(block);
-        let old_ptr = std::mem::replace(&mut self.ptr, ptr);
-        (old, old_ptr, self.uses.take())
+    /// Points the allocation at a new block; returns the uses recorded on the old one.
+    pub(crate) fn relocate(&mut self, block: BlockId, ptr: DevicePtr) -> SmallVec<[StreamUse; 2]> {
+        self.block = Some(block);
+        self.ptr = ptr;
+        self.uses.take()
     }
 }
 
 impl<T> Drop for PoolAlloc<'_, T> {
     fn drop(&mut self) {
-        let bytes = self.byte_len_internal();
         let uses = self.uses.drain();
-        let core = self.pool.core_at(self.shard());
-        let result = core.free_typed(
-            &self.pool.device().shared,
-            (self.block, self.ptr),
-            bytes,
-            self.stream,
-            uses.as_deref().unwrap_or_default(),
-            None,
-        );
+        let result =
+            self.pool.free_typed(&self.typed_free(uses.as_deref().unwrap_or_default(), None));
         if let Err(e) = result {
             // Never panic, never print: the pool reports it at its next fallible call.
-            core.set_sticky(e);
+            self.pool.set_sticky(self.shard(), e);
         }
     }
 }

@@ -21,7 +21,9 @@
 //! # }
 //! ```
 
-use super::MemPool;
+use super::api::{Backend, MemPool};
+use super::policy::{FOLLOW_EVENT_DEPENDENCIES, INTERNAL_DEPENDENCIES, OPPORTUNISTIC};
+use super::stats::PoolStats;
 use crate::error::Result;
 
 mod sealed {
@@ -60,19 +62,12 @@ macro_rules! reuse_switch {
             const ID: u32 = $id;
             type Value = bool;
             fn get(pool: &MemPool<'_>) -> Result<bool> {
-                match &pool.core().native {
-                    Some(n) => Ok(n.get_attr($id)? != 0),
-                    None => Ok(pool.core().reuse_flag($bit)),
-                }
+                pool.reuse_switch($id, $bit)
             }
         }
         impl Settable for $name {
             fn set(pool: &MemPool<'_>, value: bool) -> Result<()> {
-                if let Some(n) = &pool.core().native {
-                    n.set_attr($id, value.into())?;
-                }
-                pool.core().set_reuse_flag($bit, value);
-                Ok(())
+                pool.set_reuse_switch($id, $bit, value)
             }
         }
     };
@@ -83,20 +78,20 @@ reuse_switch!(
     /// recorded after the free (directly or through a chain of streams).
     ReuseFollowEventDependencies,
     0x1,
-    super::FOLLOW_EVENT_DEPENDENCIES
+    FOLLOW_EVENT_DEPENDENCIES
 );
 reuse_switch!(
     /// Rule 3: reuse blocks whose free has already completed on the device.
     ReuseAllowOpportunistic,
     0x2,
-    super::OPPORTUNISTIC
+    OPPORTUNISTIC
 );
 reuse_switch!(
     /// Rule 4: reuse another stream's block by making this stream wait on an event the pool
     /// records after the free.
     ReuseAllowInternalDependencies,
     0x3,
-    super::INTERNAL_DEPENDENCIES
+    INTERNAL_DEPENDENCIES
 );
 
 /// Bytes of reserved memory the pool keeps at a synchronisation; above it, free memory is
@@ -108,19 +103,21 @@ impl Attribute for ReleaseThreshold {
     const ID: u32 = 0x4;
     type Value = u64;
     fn get(pool: &MemPool<'_>) -> Result<u64> {
-        match &pool.core().native {
-            Some(n) => Ok(n.get_attr(Self::ID)?),
-            None => Ok(pool.core().release_threshold()),
+        match pool.backend() {
+            Backend::Engine(cores) => Ok(cores.first().settings.release_threshold()),
+            Backend::Native(native) => native.attr(Self::ID),
         }
     }
 }
 impl Settable for ReleaseThreshold {
     fn set(pool: &MemPool<'_>, value: u64) -> Result<()> {
-        pool.core().set_release_threshold(value)?;
-        if let Some(n) = &pool.core().native {
-            n.set_attr(Self::ID, value)?;
+        match pool.backend() {
+            Backend::Engine(cores) => {
+                let core = cores.first();
+                core.settings.set_release_threshold(value, core.max_size)
+            }
+            Backend::Native(native) => native.set_release_threshold(value),
         }
-        Ok(())
     }
 }
 
@@ -134,11 +131,7 @@ macro_rules! counter {
             const ID: u32 = $id;
             type Value = u64;
             fn get(pool: &MemPool<'_>) -> Result<u64> {
-                if let Some(n) = &pool.core().native {
-                    return Ok(n.get_attr($id)?);
-                }
-                let $p = pool.stats();
-                Ok($get)
+                pool.counter($id, |$p| $get)
             }
         }
     };
@@ -171,20 +164,50 @@ counter!(
 
 impl Resettable for ReservedMemHigh {
     fn reset(pool: &MemPool<'_>) -> Result<()> {
-        if let Some(n) = &pool.core().native {
-            return Ok(n.set_attr(Self::ID, 0)?);
-        }
-        pool.reset_high_marks(false, true);
-        Ok(())
+        pool.reset_high(Self::ID, false, true)
     }
 }
 
 impl Resettable for UsedMemHigh {
     fn reset(pool: &MemPool<'_>) -> Result<()> {
-        if let Some(n) = &pool.core().native {
-            return Ok(n.set_attr(Self::ID, 0)?);
+        pool.reset_high(Self::ID, true, false)
+    }
+}
+
+/// Each attribute asks the engine-backed pool or the driver's.
+impl MemPool<'_> {
+    fn reuse_switch(&self, id: u32, bit: u32) -> Result<bool> {
+        match self.backend() {
+            Backend::Engine(cores) => Ok(cores.first().settings.reuse_flag(bit)),
+            Backend::Native(native) => Ok(native.attr(id)? != 0),
         }
-        pool.reset_high_marks(true, false);
-        Ok(())
+    }
+
+    fn set_reuse_switch(&self, id: u32, bit: u32, on: bool) -> Result<()> {
+        match self.backend() {
+            Backend::Engine(cores) => {
+                cores.first().settings.set_reuse_flag(bit, on);
+                Ok(())
+            }
+            Backend::Native(native) => native.set_reuse_switch(id, bit, on),
+        }
+    }
+
+    fn counter(&self, id: u32, pick: impl Fn(PoolStats) -> u64) -> Result<u64> {
+        match self.backend() {
+            Backend::Engine(cores) => Ok(pick(cores.stats())),
+            Backend::Native(native) => native.attr(id),
+        }
+    }
+
+    /// Resets the high-water mark `id` (`used`'s or `reserved`'s, as the flags say).
+    fn reset_high(&self, id: u32, used: bool, reserved: bool) -> Result<()> {
+        match self.backend() {
+            Backend::Engine(cores) => {
+                cores.reset_high_marks(used, reserved);
+                Ok(())
+            }
+            Backend::Native(native) => native.set_attr(id, 0),
+        }
     }
 }

@@ -1,9 +1,7 @@
 //! The pool's observability methods: snapshot, high-water reset, history exports.
 
-use std::sync::atomic::Ordering;
-
-use super::attr::{Attribute as _, ReservedMemHigh, UsedMemHigh};
-use super::MemPool;
+use super::api::{Backend, MemPool};
+use super::shards::Cores;
 use crate::engine::{BlockInfo, BlockState};
 use crate::error::Result;
 use crate::observe::{History, Snapshot, SvgOptions};
@@ -32,11 +30,15 @@ impl MemPool<'_> {
     /// # drop(a); Ok(()) }
     /// ```
     pub fn snapshot(&self) -> Snapshot {
-        let core = self.core();
-        let device = &self.device().shared;
+        let cores = match self.backend() {
+            Backend::Engine(cores) => cores,
+            Backend::Native(native) => return native.snapshot(),
+        };
+        let core = cores.first();
+        let device = &core.device;
         // A sharded pool's shards side by side: shard i's offsets start at i * max_size
         // (the shards are locked one after another, so the picture is per-shard consistent).
-        let guards: Vec<_> = self.cores().map(|c| (c.shard, c.lock())).collect();
+        let guards: Vec<_> = cores.iter().map(|c| (c.shard, c.lock())).collect();
         let blocks = guards.iter().flat_map(|(shard, inner)| {
             let shift = u64::from(*shard) * core.max_size;
             // An empty unmapped block first: each shard is its own reservation, so a mapped
@@ -55,7 +57,7 @@ impl MemPool<'_> {
             blocks,
             |slot| {
                 let id = device.live_stream(slot).map(|l| l.hal.id());
-                (id, device.slot(slot).observed.load(Ordering::Acquire))
+                (id, device.slots.host_observed(slot))
             },
         )
     }
@@ -70,35 +72,12 @@ impl MemPool<'_> {
     /// pool, the driver's error.
     pub fn reset_highs(&self) -> Result<()> {
         self.take_sticky()?;
-        let core = self.core();
-        if let Some(native) = &core.native {
-            native.set_attr(UsedMemHigh::ID, 0)?;
-            native.set_attr(ReservedMemHigh::ID, 0)?;
-            return Ok(());
-        }
-        self.reset_high_marks(true, true);
-        Ok(())
-    }
-
-    /// Restarts the chosen high-water marks from the current values, in every shard and in
-    /// the pool-wide counters of a sharded pool.
-    pub(crate) fn reset_high_marks(&self, used: bool, reserved: bool) {
-        for core in self.cores() {
-            let mut inner = core.lock();
-            if used {
-                inner.engine.reset_used_high();
+        match self.backend() {
+            Backend::Engine(cores) => {
+                cores.reset_high_marks(true, true);
+                Ok(())
             }
-            if reserved {
-                inner.engine.reset_reserved_high();
-            }
-        }
-        if let Some(b) = self.budget() {
-            if used {
-                b.reset_used_high();
-            }
-            if reserved {
-                b.reset_reserved_high();
-            }
+            Backend::Native(native) => native.reset_highs(),
         }
     }
 
@@ -109,7 +88,10 @@ impl MemPool<'_> {
     /// [`History::to_json_lines`], [`History::to_chrome_trace`], [`History::to_trace_csv`],
     /// [`History::to_svg`].
     pub fn history_log(&self) -> Option<History> {
-        self.core().lock().history.clone()
+        match self.backend() {
+            Backend::Engine(cores) => cores.first().lock().history.clone(),
+            Backend::Native(_) => None,
+        }
     }
 
     /// The history as JSON lines ([`History::to_json_lines`]); empty without a history.
@@ -132,5 +114,29 @@ impl MemPool<'_> {
     /// A memory timeline picture of the history ([`History::to_svg`]).
     pub fn history_svg(&self, options: &SvgOptions) -> String {
         self.history_log().unwrap_or_else(|| History::new(1)).to_svg(options)
+    }
+}
+
+impl Cores<'_> {
+    /// Restarts the chosen high-water marks from the current values, in every shard and in
+    /// the pool-wide counters of a sharded pool.
+    pub(super) fn reset_high_marks(self, used: bool, reserved: bool) {
+        for core in self.iter() {
+            let mut inner = core.lock();
+            if used {
+                inner.engine.reset_used_high();
+            }
+            if reserved {
+                inner.engine.reset_reserved_high();
+            }
+        }
+        if let Some(b) = self.budget() {
+            if used {
+                b.reset_used_high();
+            }
+            if reserved {
+                b.reset_reserved_high();
+            }
+        }
     }
 }

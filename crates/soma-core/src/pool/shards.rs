@@ -15,10 +15,21 @@
 //! marks are kept here, in atomics shared by the shards, so that they stay exact for the
 //! pool as a whole.
 
+use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::{CoreSpec, MemPoolBuilder, PoolCore};
+use super::allocate::{Granted, Request};
+use super::core::{CoreSpec, PoolCore};
+use super::order::Order;
+use super::policy::OomAction;
+use super::stats::PoolStats;
+use crate::error::{Error, OutOfMemory, Result};
+use crate::stream::Stream;
+
+/// The most shards a pool may have
+/// ([`MemPoolBuilder::stream_shards`](super::MemPoolBuilder::stream_shards)).
+pub const MAX_STREAM_SHARDS: usize = 64;
 
 /// The pool-wide accounting shared by the shards of a sharded pool.
 #[derive(Debug)]
@@ -134,30 +145,193 @@ pub(crate) struct BudgetCounters {
     pub(crate) live_high: u64,
 }
 
-/// What a sharded pool has beyond its first shard (the pool's own core): the pool-wide
-/// budget, the other shards — created on first use, each with its own address range; `None`
-/// when that range could not be reserved (its streams then use shard 0) — and what it takes
-/// to create them.
-pub(crate) struct Shards {
-    pub(crate) budget: Arc<Budget>,
-    pub(crate) more: Box<[OnceLock<Option<Arc<PoolCore>>>]>,
-    pub(crate) builder: MemPoolBuilder,
-    pub(crate) spec: CoreSpec,
+/// A sharded pool: its first core (shard 0), the pool-wide budget, the other shards —
+/// created on first use, each with its own address range; `None` when that range could not
+/// be reserved (its streams then use shard 0) — and what it takes to create them.
+pub(super) struct Shards {
+    core: Arc<PoolCore>,
+    budget: Arc<Budget>,
+    more: Box<[OnceLock<Option<Arc<PoolCore>>>]>,
+    spec: CoreSpec,
 }
 
 impl Shards {
-    pub(crate) fn new(
+    /// `n` shards, of which `core` is the first (created over `budget`); the others are
+    /// created from `spec` when a stream first allocates in them.
+    pub(super) fn new(
+        core: Arc<PoolCore>,
         budget: Arc<Budget>,
         n: usize,
-        builder: MemPoolBuilder,
         spec: CoreSpec,
     ) -> Shards {
-        Shards { budget, more: (1..n).map(|_| OnceLock::new()).collect(), builder, spec }
+        Shards { core, budget, more: (1..n).map(|_| OnceLock::new()).collect(), spec }
     }
 
     /// The number of shards, the first included.
-    pub(crate) fn count(&self) -> usize {
+    fn count(&self) -> usize {
         self.more.len() + 1
+    }
+
+    /// Shard `shard` (shard 0 for an index that names no created shard).
+    #[inline]
+    pub(super) fn core_at(&self, shard: u8) -> &PoolCore {
+        let more = usize::from(shard).checked_sub(1).and_then(|i| self.more.get(i));
+        more.and_then(|c| c.get()).and_then(Option::as_deref).unwrap_or(&self.core)
+    }
+
+    /// The shard `stream` allocates in: its slot modulo the shard count, created (its range
+    /// reserved) on first use; shard 0 when that fails.
+    pub(super) fn home(&self, stream: &Stream<'_>) -> &PoolCore {
+        let i = stream.slot() as usize % self.count();
+        let Some(cell) = i.checked_sub(1).and_then(|j| self.more.get(j)) else {
+            return &self.core;
+        };
+        let created = cell.get_or_init(|| {
+            PoolCore::create(&self.core.device, &self.spec, i as u8, Some(&self.budget)).ok()
+        });
+        created.as_deref().unwrap_or(&self.core)
+    }
+
+    /// Allocates `bytes` for `stream` in its shard, the other shards being its peers: their
+    /// cached memory is offered first, their idle memory released when the shard runs out.
+    /// (A sharded pool has no free ring: every allocation takes this path.)
+    #[inline(never)]
+    pub(super) fn allocate(
+        &self,
+        bytes: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+        on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
+    ) -> Result<Granted> {
+        let home = self.home(stream);
+        // Inline for every possible shard count: no heap allocation per allocation.
+        let peers: smallvec::SmallVec<[&PoolCore; MAX_STREAM_SHARDS]> =
+            self.cores().iter().filter(|c| !std::ptr::eq(*c, home)).collect();
+        home.allocate(&Request { bytes, stream, location, peers: &peers }, on_oom)
+    }
+
+    /// The shards created so far.
+    pub(super) fn cores(&self) -> Cores<'_> {
+        Cores { first: &self.core, shards: Some(self) }
+    }
+}
+
+/// The engine cores of a pool, borrowed: the pool's one core, or its shards.
+#[derive(Clone, Copy)]
+pub(super) struct Cores<'a> {
+    first: &'a PoolCore,
+    shards: Option<&'a Shards>,
+}
+
+impl<'a> Cores<'a> {
+    /// The one core of a pool that is not sharded.
+    pub(super) fn single(core: &'a PoolCore) -> Cores<'a> {
+        Cores { first: core, shards: None }
+    }
+
+    /// Shard 0: the whole pool unless it is sharded.
+    pub(super) fn first(self) -> &'a PoolCore {
+        self.first
+    }
+
+    /// The cores created so far, shard 0 first.
+    pub(super) fn iter(self) -> impl Iterator<Item = &'a PoolCore> {
+        let more = self.shards.into_iter().flat_map(|s| s.more.iter());
+        std::iter::once(self.first).chain(more.filter_map(|c| c.get().and_then(Option::as_deref)))
+    }
+
+    /// Shard `shard` (shard 0 for an index that names no created shard).
+    pub(super) fn core_at(self, shard: u8) -> &'a PoolCore {
+        self.shards.map_or(self.first, |s| s.core_at(shard))
+    }
+
+    /// The pool-wide counters of a sharded pool (`None`: one core, its engine keeps them).
+    pub(super) fn budget(self) -> Option<&'a Budget> {
+        self.shards.map(|s| &*s.budget)
+    }
+
+    /// The pool's counters: its one engine's, or the shards' added up with the pool-wide
+    /// sizes and high-water marks (which are the pool's own, not a sum).
+    pub(super) fn stats(self) -> PoolStats {
+        let mut sum = PoolStats::default();
+        for core in self.iter() {
+            let inner = core.lock();
+            let engine = inner.engine.stats();
+            sum += PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
+        }
+        sum.max_size = self.first.max_size;
+        if let Some(budget) = self.budget() {
+            let c = budget.counters();
+            sum.used = c.used;
+            sum.used_high = c.used_high;
+            sum.reserved = c.reserved;
+            sum.reserved_high = c.reserved_high;
+            sum.live_allocations = c.live;
+            sum.live_allocations_high = c.live_high;
+        }
+        sum
+    }
+}
+
+impl PoolCore {
+    /// A sharded pool, before this shard (the requesting stream's) maps: cached memory of any
+    /// shard, this one first — first under the rules that need no new dependency, then (when
+    /// internal dependencies are allowed) with rule 4 — so that the pool reuses before it
+    /// grows, as one engine does. `None` when no shard has a fitting block; bad requests are
+    /// left to the engine's full path to report.
+    pub(super) fn reuse_in_shards(
+        &self,
+        req: &Request<'_>,
+        order: &Order<'_>,
+    ) -> Result<Option<Granted>> {
+        use crate::engine::StreamOrder as _;
+        for with_dependency in [false, true] {
+            if with_dependency && !order.internal_dependencies() {
+                break;
+            }
+            for &core in std::iter::once(&self).chain(req.peers) {
+                let got = {
+                    let mut inner = core.lock();
+                    if std::ptr::eq(core, self) {
+                        if let Some(e) = self.take_sticky(&mut inner) {
+                            return Err(e);
+                        }
+                    }
+                    inner.engine.alloc_cached(
+                        req.bytes,
+                        core.alignment,
+                        req.stream.slot(),
+                        order,
+                        with_dependency,
+                    )
+                };
+                match got {
+                    Ok(Some(a)) => {
+                        let a = core.finish_allocate(req, a)?;
+                        return Ok(Some(core.granted(&a)));
+                    }
+                    Ok(None) => {}
+                    Err(_) => return Ok(None),
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Releases the idle memory of the other shards (`peers`): fully free segments whose
+    /// frees have completed, as `trim_to(0)` does. Returns the bytes released.
+    pub(super) fn release_peers(&self, peers: &[&PoolCore]) -> u64 {
+        let order = Order::completion(&self.device);
+        let mut released = 0;
+        for &core in peers {
+            let mut inner = core.lock();
+            let (engine, mut backing) = inner.parts(core);
+            match engine.release(0, &order, &mut backing) {
+                Ok(n) => released += n,
+                Err(e) => core.put_sticky(&mut inner, Error::Driver(e)),
+            }
+        }
+        released
     }
 }
 

@@ -1,6 +1,7 @@
 //! Pool statistics: a plain `Copy` snapshot.
 
 use std::fmt;
+use std::ops::AddAssign;
 
 use crate::engine::{EngineStats, ReuseKind};
 use crate::error::Bytes;
@@ -28,6 +29,24 @@ impl ReuseCounts {
             + self.opportunistic
             + self.internal_dependency
             + self.host_synchronized
+    }
+}
+
+/// Adds the reuses of another pool (or of another shard of the same pool), rule by rule.
+impl AddAssign for ReuseCounts {
+    fn add_assign(&mut self, other: ReuseCounts) {
+        let ReuseCounts {
+            same_stream,
+            event_dependency,
+            opportunistic,
+            internal_dependency,
+            host_synchronized,
+        } = other;
+        self.same_stream += same_stream;
+        self.event_dependency += event_dependency;
+        self.opportunistic += opportunistic;
+        self.internal_dependency += internal_dependency;
+        self.host_synchronized += host_synchronized;
     }
 }
 
@@ -128,6 +147,60 @@ impl PoolStats {
     }
 }
 
+/// Adds the counters of another pool (or of another shard of the same pool): current values,
+/// cumulative counts, high-water marks and max sizes add up (summed marks bound the
+/// combined one from above); the largest free block is the larger of the two.
+impl AddAssign for PoolStats {
+    fn add_assign(&mut self, other: PoolStats) {
+        let PoolStats {
+            used,
+            used_high,
+            reserved,
+            reserved_high,
+            max_size,
+            live_allocations,
+            live_allocations_high,
+            allocations,
+            frees,
+            fresh_allocations,
+            reuses,
+            map_calls,
+            unmap_calls,
+            mapped_segments,
+            bytes_mapped_total,
+            bytes_unmapped_total,
+            recycling_pauses,
+            pending_bytes,
+            free_bytes,
+            largest_free_block,
+            ooms,
+            oom_retries,
+        } = other;
+        self.used += used;
+        self.used_high += used_high;
+        self.reserved += reserved;
+        self.reserved_high += reserved_high;
+        self.max_size += max_size;
+        self.live_allocations += live_allocations;
+        self.live_allocations_high += live_allocations_high;
+        self.allocations += allocations;
+        self.frees += frees;
+        self.fresh_allocations += fresh_allocations;
+        self.reuses += reuses;
+        self.map_calls += map_calls;
+        self.unmap_calls += unmap_calls;
+        self.mapped_segments += mapped_segments;
+        self.bytes_mapped_total += bytes_mapped_total;
+        self.bytes_unmapped_total += bytes_unmapped_total;
+        self.recycling_pauses += recycling_pauses;
+        self.pending_bytes += pending_bytes;
+        self.free_bytes += free_bytes;
+        self.largest_free_block = self.largest_free_block.max(largest_free_block);
+        self.ooms += ooms;
+        self.oom_retries += oom_retries;
+    }
+}
+
 impl fmt::Display for PoolStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{:<22} {:>12} {:>12}", "", "current", "high")?;
@@ -177,5 +250,30 @@ impl fmt::Display for PoolStats {
         )?;
         writeln!(f, "{:<22} {:>12} (retries {})", "out of memory", self.ooms, self.oom_retries)?;
         write!(f, "{:<22} {:>12.3}", "fragmentation", self.fragmentation())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adding_stats_sums_the_counters_and_keeps_the_largest_free_block() {
+        let part = |n: u64| PoolStats {
+            used: n,
+            used_high: 2 * n,
+            max_size: 100,
+            allocations: 3 * n,
+            reuses: ReuseCounts { event_dependency: n, ..ReuseCounts::default() },
+            largest_free_block: 10 * n,
+            ooms: n,
+            oom_retries: 1,
+            ..PoolStats::default()
+        };
+        let mut sum = part(1);
+        sum += part(4);
+        assert_eq!((sum.used, sum.used_high, sum.max_size, sum.allocations), (5, 10, 200, 15));
+        assert_eq!((sum.reuses.event_dependency, sum.reuses.total()), (5, 5));
+        assert_eq!((sum.largest_free_block, sum.ooms, sum.oom_retries), (40, 5, 2));
     }
 }

@@ -1,0 +1,157 @@
+//! Frees: a typed allocation's through the free ring when the core has one (no lock), every
+//! other one under the lock. Either way the freeing stream is first made to wait for the
+//! block's uses on other streams, so that stream order alone covers every use.
+
+use std::panic::Location;
+
+use super::alloc::StreamUse;
+use super::core::{HistoryEntry, PoolCore};
+use super::free_ring::RingedFree;
+use crate::engine::{BlockId, BlockState, FreeError, FreeTag};
+use crate::error::{Error, Result};
+use crate::hal::{DevicePtr, PoolAnnotation};
+use crate::observe::RecordKind;
+use crate::stream::Stream;
+
+/// A typed allocation (`PoolAlloc`) going back to its pool.
+pub(crate) struct TypedFree<'a> {
+    /// The engine's block; `None` for a native pool, which frees by pointer.
+    pub(crate) block: Option<BlockId>,
+    pub(crate) ptr: DevicePtr,
+    /// Bytes as requested (the block is this rounded to the pool's alignment).
+    pub(crate) bytes: u64,
+    /// The shard that holds the block.
+    pub(crate) shard: u8,
+    pub(crate) stream: &'a Stream<'a>,
+    /// Other streams that used the block.
+    pub(crate) uses: &'a [StreamUse],
+    /// The caller's source location, for the history.
+    pub(crate) location: Option<&'static Location<'static>>,
+}
+
+impl PoolCore {
+    /// Frees a typed allocation: through the free ring when the core has one (no lock), else
+    /// as [`PoolCore::free_block`].
+    #[inline]
+    pub(super) fn free_typed(&self, f: &TypedFree<'_>) -> Result<()> {
+        let (Some(ring), Some(block)) = (&self.free_ring, f.block) else {
+            return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
+        };
+        // `bytes` was rounded when the block was allocated, so this never falls back.
+        let Some(size) = self.block_size(f.bytes) else {
+            return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
+        };
+        wait_for_uses(f.stream, f.uses)?;
+        let ringed = RingedFree {
+            block,
+            offset: f.ptr.offset_from(self.base).unwrap_or(0),
+            size,
+            tag: FreeTag { stream: f.stream.slot(), pos: f.stream.position() },
+        };
+        if ring.push(ringed).is_err() {
+            // Full: drain it (the lock does) and free directly.
+            let mut inner = self.lock();
+            inner.engine.free(block, ringed.tag).map_err(|e| free_failed(block, &e))?;
+        }
+        Ok(())
+    }
+
+    /// [`PoolCore::free_typed`] without the ring. (The free's fields one by one: a reference
+    /// to it would make the hot path build it in memory.)
+    fn free_unringed(
+        &self,
+        block: Option<BlockId>,
+        ptr: DevicePtr,
+        stream: &Stream<'_>,
+        uses: &[StreamUse],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<()> {
+        let Some(block) = block else {
+            return Err(Error::InvalidArgument(format!("{ptr} has no block in this pool")));
+        };
+        self.free_block(block, stream, uses, location)
+    }
+
+    /// Frees `block` onto `stream` under the lock, after making `stream` wait for the other
+    /// streams in `other_uses`; annotates the free for the sanitizer, defers it in a
+    /// pass-through pool, records it in the history.
+    pub(super) fn free_block(
+        &self,
+        block: BlockId,
+        stream: &Stream<'_>,
+        other_uses: &[StreamUse],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<()> {
+        wait_for_uses(stream, other_uses)?;
+        // One read of the position serves the tag and the sanitizer's annotation: another
+        // thread enqueueing on the stream in between must not move one without the other.
+        let (local, global) = stream.positions();
+        let tag = FreeTag { stream: stream.slot(), pos: global };
+        let mut inner = self.lock();
+        let info = if self.history_on || self.annotate { inner.engine.block(block) } else { None };
+        if self.annotate {
+            if let Some(info) = info.filter(|i| i.state == BlockState::Live) {
+                self.hal().annotate(PoolAnnotation::Free {
+                    pool: self.id,
+                    ptr: self.ptr_at(info.offset),
+                    stream: stream.id(),
+                    position: local,
+                });
+            }
+        }
+        match &self.passthrough {
+            Some(p) if info.is_none_or(|i| i.state == BlockState::Live) => {
+                p.defer(block, tag, &**stream.hal()).map_err(|()| {
+                    Error::InvalidArgument(format!("free of block {block:?}: double free"))
+                })?;
+            }
+            _ => inner.engine.free(block, tag).map_err(|e| free_failed(block, &e))?,
+        }
+        if let Some(info) = info.filter(|_| inner.history.is_some()) {
+            let entry = HistoryEntry {
+                stream: stream.id(),
+                offset: info.offset,
+                size: info.size,
+                location,
+                ..HistoryEntry::of(RecordKind::Free)
+            };
+            inner.record(self, entry);
+        }
+        Ok(())
+    }
+}
+
+/// Makes `stream` wait on an event recorded on each other stream in `uses` (now), so that
+/// `stream`'s later work is ordered after every recorded use.
+#[inline]
+pub(super) fn wait_for_uses(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
+    if uses.is_empty() {
+        return Ok(());
+    }
+    wait_for_each_use(stream, uses)
+}
+
+/// [`wait_for_uses`] for a block used on other streams.
+#[inline(never)]
+fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
+    let device = &stream.device().shared;
+    for &(user, at) in uses {
+        if user == stream.slot() {
+            continue;
+        }
+        // A stream that held the slot before the live one was dropped, which drained it:
+        // nothing to wait for (and the live stream never touched this block).
+        if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
+            let event = device.hal.create_event()?;
+            let pos = live.hal.record(&*event)?;
+            stream.wait_raw(&*event)?;
+            stream.clock().raise(user, live.base + pos);
+        }
+    }
+    Ok(())
+}
+
+/// The error of an engine free that failed (an unknown or already free block).
+fn free_failed(block: BlockId, e: &FreeError) -> Error {
+    Error::InvalidArgument(format!("free of block {block:?} failed: {e:?} (double free?)"))
+}
