@@ -27,8 +27,15 @@
 //!   covering its first byte that was allocated before the task was enqueued (host order).
 //!   Freed generations are pruned once every pending and future task is ordered after their
 //!   free.
+//! * **Dropped streams.** A dropped stream has drained and the host observed it: every task
+//!   enqueued afterwards is ordered after all of its points. Once its last task has run, the
+//!   sanitizer forgets it (in batches): its points in the generations are marked with the
+//!   drop's sequence number, which orders them before every later task as its clock entries
+//!   did; its uses are dropped (every later free is ordered after them); and its entries
+//!   leave every clock the sanitizer keeps, so that creating and dropping streams costs
+//!   neither memory nor time that grows with the number of streams ever made.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Weak};
 
@@ -297,7 +304,21 @@ impl Clock {
     fn covers(&self, other: &Clock) -> bool {
         other.0.iter().all(|&(s, p)| self.get(s) >= p)
     }
+
+    /// Removes the entries of the streams `keep` rejects, copying a shared clock only when
+    /// it has such entries.
+    fn retain_streams(clock: &mut Arc<Clock>, keep: impl Fn(u64) -> bool) {
+        if clock.0.iter().any(|e| !keep(e.0)) {
+            Arc::make_mut(clock).0.retain(|e| keep(e.0));
+        }
+    }
 }
+
+/// The streams of sanitized devices whose clock entries may still decide an ordering: live
+/// streams, and dropped ones their sanitizer has not forgotten yet. Any other stream named in
+/// a clock (of any device: events carry clocks across devices) has been forgotten by its own
+/// sanitizer, whose marks now order its points: its entries are dropped wherever they are.
+static KNOWN_STREAMS: Mutex<BTreeSet<u64>> = parking_lot::const_mutex(BTreeSet::new());
 
 /// What a task carries from its enqueue: the host order and the stream's clock.
 pub(crate) struct Stamp {
@@ -318,6 +339,24 @@ struct Point {
     pos: u64,
     /// Device-wide sequence number at the call (host order).
     seq: u64,
+    /// Once the sanitizer has forgotten the (dropped) stream: the sequence number of its
+    /// drop. Every task enqueued after it is ordered after the point.
+    dropped_at: Option<u64>,
+}
+
+impl Point {
+    fn new(stream: u64, pos: u64, seq: u64) -> Point {
+        Point { stream, pos, seq, dropped_at: None }
+    }
+
+    /// Marks the point if its stream is one of `dropped` (sorted by id).
+    fn forget_stream(&mut self, dropped: &[DroppedStream]) {
+        if self.dropped_at.is_none() {
+            if let Ok(i) = dropped.binary_search_by_key(&self.stream, |d| d.id) {
+                self.dropped_at = Some(dropped[i].seq);
+            }
+        }
+    }
 }
 
 struct FreeInfo {
@@ -356,6 +395,22 @@ impl Gen {
     }
 }
 
+/// A dropped stream the sanitizer has not forgotten yet.
+struct DroppedStream {
+    id: u64,
+    /// Sequence number of the drop.
+    seq: u64,
+    /// Its tasks (enqueued before the drop), to tell when the last one has run.
+    shared: Weak<StreamShared>,
+    enqueued: u64,
+}
+
+impl DroppedStream {
+    fn drained(&self) -> bool {
+        self.shared.upgrade().is_none_or(|s| s.completed_pos() >= self.enqueued)
+    }
+}
+
 struct StreamState {
     clock: Arc<Clock>,
     hobs_version: u64,
@@ -378,6 +433,9 @@ struct State {
     freed: BTreeMap<(u64, u64), Gen>,
     freed_max_size: u64,
     prune_at: usize,
+    /// Dropped streams not forgotten yet, forgotten together when there are `forget_at`.
+    dropped: Vec<DroppedStream>,
+    forget_at: usize,
     next_gen: u64,
     reports: Vec<SanitizerReport>,
 }
@@ -394,7 +452,9 @@ fn point_before_task(p: &Point, t: &TaskView<'_>) -> bool {
     if p.stream == HOST {
         return t.seq > p.seq;
     }
-    (t.stream == p.stream && t.pos > p.pos) || t.clock.get(p.stream) > p.pos
+    (t.stream == p.stream && t.pos > p.pos)
+        || t.clock.get(p.stream) > p.pos
+        || p.dropped_at.is_some_and(|d| t.seq > d)
 }
 
 /// Whether task `t` is ordered before `free`. A clock entry `c` for a stream covers its tasks
@@ -408,6 +468,10 @@ fn task_before_free(t: &TaskView<'_>, free: &FreeInfo) -> bool {
 }
 
 const MIN_PRUNE_AT: usize = 256;
+
+/// Dropped streams are forgotten in batches of at least this many (a batch visits every
+/// generation and clock).
+const MIN_FORGET_AT: usize = 64;
 
 /// What to do after a report made outside a task (at an allocation or a free).
 pub(crate) struct FailAction {
@@ -434,6 +498,17 @@ pub(crate) struct Sanitizer {
     state: Mutex<State>,
 }
 
+impl Drop for Sanitizer {
+    /// The device is gone, and with it every stream of it: none needs clock entries.
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        let mut known = KNOWN_STREAMS.lock();
+        for id in st.streams.keys().chain(st.dropped.iter().map(|d| &d.id)) {
+            known.remove(id);
+        }
+    }
+}
+
 impl Sanitizer {
     pub(crate) fn new(mode: SanitizerMode, strict: bool, poison: Option<u8>, print: bool) -> Self {
         Sanitizer {
@@ -441,7 +516,11 @@ impl Sanitizer {
             strict,
             poison,
             print,
-            state: Mutex::new(State { prune_at: MIN_PRUNE_AT, ..State::default() }),
+            state: Mutex::new(State {
+                prune_at: MIN_PRUNE_AT,
+                forget_at: MIN_FORGET_AT,
+                ..State::default()
+            }),
         }
     }
 
@@ -459,6 +538,23 @@ impl Sanitizer {
         (st.live.len(), st.freed.len())
     }
 
+    /// How many streams the sanitizer keeps state for (diagnostics): its streams, the dropped
+    /// ones not forgotten yet, and every stream an entry of its clocks or a recorded use
+    /// names.
+    pub(crate) fn tracked_streams(&self) -> usize {
+        let st = self.state.lock();
+        let mut ids: BTreeSet<u64> = st.streams.keys().copied().collect();
+        ids.extend(st.dropped.iter().map(|d| d.id));
+        let mut add = |c: &Clock| ids.extend(c.0.iter().map(|e| e.0));
+        add(&st.host_observed);
+        st.streams.values().for_each(|s| add(&s.clock));
+        st.freed.values().filter_map(|g| g.free.as_ref()).for_each(|f| add(&f.clock));
+        for g in st.live.values().chain(st.freed.values()) {
+            ids.extend(g.uses.iter().map(|u| u.0));
+        }
+        ids.len()
+    }
+
     pub(crate) fn reports(&self) -> Vec<SanitizerReport> {
         self.state.lock().reports.clone()
     }
@@ -469,6 +565,7 @@ impl Sanitizer {
 
     pub(crate) fn register_stream(&self, id: u64, shared: Weak<StreamShared>) {
         let mut st = self.state.lock();
+        KNOWN_STREAMS.lock().insert(id);
         let clock = Arc::new(st.host_observed.clone());
         let version = st.hobs_version;
         st.streams.insert(
@@ -483,11 +580,53 @@ impl Sanitizer {
         );
     }
 
-    /// The stream was dropped after draining `enqueued` tasks.
+    /// The stream was dropped after draining `enqueued` tasks (still draining when it was
+    /// dropped by its own worker).
     pub(crate) fn stream_dropped(&self, id: u64, enqueued: u64) {
         let mut st = self.state.lock();
         Self::observe_locked(&mut st, id, enqueued + 1);
-        st.streams.remove(&id);
+        let Some(s) = st.streams.remove(&id) else { return };
+        let seq = st.seq;
+        st.dropped.push(DroppedStream { id, seq, shared: s.shared, enqueued });
+        if st.dropped.len() >= st.forget_at {
+            Self::forget_dropped(&mut st);
+        }
+    }
+
+    /// Forgets the dropped streams whose last task has run (see the module docs): marks
+    /// their points, drops their uses, and removes from every clock the entries of streams
+    /// no sanitizer needs any more.
+    fn forget_dropped(st: &mut State) {
+        let (mut done, draining): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut st.dropped).into_iter().partition(DroppedStream::drained);
+        st.dropped = draining;
+        done.sort_unstable_by_key(|d| d.id);
+        let is_done = |id: u64| done.binary_search_by_key(&id, |d| d.id).is_ok();
+        for g in st.live.values_mut().chain(st.freed.values_mut()) {
+            g.alloc.forget_stream(&done);
+            if let Some(f) = &mut g.free {
+                f.point.forget_stream(&done);
+            }
+            g.preds.iter_mut().for_each(|p| p.0.forget_stream(&done));
+            g.uses.retain(|u| !is_done(u.0));
+        }
+        let known: Vec<u64> = {
+            let mut known = KNOWN_STREAMS.lock();
+            for d in &done {
+                known.remove(&d.id);
+            }
+            known.iter().copied().collect()
+        };
+        let keep = |id: u64| known.binary_search(&id).is_ok();
+        st.host_observed.0.retain(|e| keep(e.0));
+        st.streams.values_mut().for_each(|s| Clock::retain_streams(&mut s.clock, keep));
+        for f in st.freed.values_mut().filter_map(|g| g.free.as_mut()) {
+            Clock::retain_streams(&mut f.clock, keep);
+        }
+        // A batch visits every generation: at least as many drops as the square root of
+        // their number between batches keeps both that and the clocks' widths small.
+        let gens = st.live.len() + st.freed.len();
+        st.forget_at = (st.dropped.len() + gens.isqrt()).max(MIN_FORGET_AT);
     }
 
     /// Called under the stream's enqueue lock: the stream's current clock (joined with the
@@ -832,7 +971,7 @@ impl Sanitizer {
     ) -> Option<FailAction> {
         let mut st = self.state.lock();
         st.seq += 1;
-        let point = Point { stream, pos: position, seq: st.seq };
+        let point = Point::new(stream, position, st.seq);
         if let Some((start, end)) = range {
             st.tracked.insert(start, end);
         }
@@ -926,7 +1065,7 @@ impl Sanitizer {
     ) -> Option<FailAction> {
         let mut st = self.state.lock();
         st.seq += 1;
-        let point = Point { stream, pos: position, seq: st.seq };
+        let point = Point::new(stream, position, st.seq);
         let key = st.live.range((ptr, 0)..=(ptr, u64::MAX)).next_back().map(|(k, _)| *k)?;
         let mut g = st.live.remove(&key)?;
         let clock = Arc::new(Self::current_clock(&st, stream));
@@ -979,7 +1118,7 @@ impl Sanitizer {
     pub(crate) fn on_driver_free(&self, ptr: u64) {
         let mut st = self.state.lock();
         st.seq += 1;
-        let point = Point { stream: HOST, pos: 0, seq: st.seq };
+        let point = Point::new(HOST, 0, st.seq);
         st.tracked.remove(&ptr);
         let Some(key) = st.live.range((ptr, 0)..=(ptr, u64::MAX)).next_back().map(|(k, _)| *k)
         else {
@@ -1035,7 +1174,8 @@ impl Sanitizer {
             if free.point.stream == HOST {
                 free.observed_seq.get_or_insert(free.point.seq);
             } else if free.observed_seq.is_none()
-                && host_observed.get(free.point.stream) > free.point.pos
+                && (host_observed.get(free.point.stream) > free.point.pos
+                    || free.point.dropped_at.is_some())
             {
                 free.observed_seq = Some(now);
             }
@@ -1095,6 +1235,24 @@ fn poison(memory: &DeviceMemory, addr: u64, len: u64, value: u8) {
 }
 
 #[cfg(test)]
+mod forget_tests;
+
+#[cfg(test)]
+impl Sanitizer {
+    /// Forgets dropped streams only when [`forget_now`](Self::forget_now) is called.
+    fn forget_only_when_told(&self) {
+        self.state.lock().forget_at = usize::MAX;
+    }
+
+    /// Forgets the drained dropped streams now.
+    fn forget_now(&self) {
+        let mut st = self.state.lock();
+        Self::forget_dropped(&mut st);
+        st.forget_at = usize::MAX;
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1119,12 +1277,12 @@ mod tests {
         let mut c = Clock::default();
         c.raise(1, 4);
         let t = TaskView { stream: 2, pos: 10, seq: 100, clock: &c };
-        assert!(point_before_task(&Point { stream: 1, pos: 3, seq: 1 }, &t));
-        assert!(!point_before_task(&Point { stream: 1, pos: 4, seq: 1 }, &t));
-        assert!(point_before_task(&Point { stream: 2, pos: 9, seq: 1 }, &t));
-        assert!(!point_before_task(&Point { stream: 2, pos: 10, seq: 1 }, &t));
-        assert!(point_before_task(&Point { stream: HOST, pos: 0, seq: 99 }, &t));
-        assert!(!point_before_task(&Point { stream: HOST, pos: 0, seq: 101 }, &t));
+        assert!(point_before_task(&Point::new(1, 3, 1), &t));
+        assert!(!point_before_task(&Point::new(1, 4, 1), &t));
+        assert!(point_before_task(&Point::new(2, 9, 1), &t));
+        assert!(!point_before_task(&Point::new(2, 10, 1), &t));
+        assert!(point_before_task(&Point::new(HOST, 0, 99), &t));
+        assert!(!point_before_task(&Point::new(HOST, 0, 101), &t));
         assert_eq!(SanitizerMode::parse("FAIL"), Some(SanitizerMode::FailStream));
         assert_eq!(SanitizerMode::parse("report"), Some(SanitizerMode::Report));
         assert_eq!(SanitizerMode::parse("bogus"), None);
