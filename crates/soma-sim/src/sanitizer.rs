@@ -39,12 +39,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use soma_core::hal::{AccessMode, DriverError, PoolAnnotation};
 
 use crate::memory::{DeviceMemory, Owner, Range};
 use crate::stream::StreamShared;
+use output::ReportOutput;
+
+mod output;
 
 /// The stream id used in reports for the host (driver `malloc` / `free`, synchronous copies).
 pub const HOST: u64 = 0;
@@ -86,7 +89,9 @@ impl SanitizerMode {
     /// suite runs with the sanitizer: `SOMA_SANITIZER=fail cargo test --workspace`.
     ///
     /// When the mode comes from the variable, every report is also printed to stderr as it is
-    /// found, so that `SOMA_SANITIZER=report cargo test -- --nocapture` shows them.
+    /// found, so that `SOMA_SANITIZER=report cargo test -- --nocapture` shows them. (With the
+    /// `tracing` feature, every report is a `tracing` event instead, however the mode was
+    /// set.)
     pub fn from_env() -> Option<SanitizerMode> {
         std::env::var("SOMA_SANITIZER").ok().and_then(|v| SanitizerMode::parse(&v))
     }
@@ -493,8 +498,8 @@ pub(crate) struct Sanitizer {
     mode: SanitizerMode,
     strict: bool,
     poison: Option<u8>,
-    /// Print every report to stderr (mode set by `SOMA_SANITIZER`).
-    print: bool,
+    /// Where reports go as they are found.
+    output: ReportOutput,
     state: Mutex<State>,
 }
 
@@ -515,7 +520,7 @@ impl Sanitizer {
             mode,
             strict,
             poison,
-            print,
+            output: ReportOutput::new(print),
             state: Mutex::new(State {
                 prune_at: MIN_PRUNE_AT,
                 forget_at: MIN_FORGET_AT,
@@ -848,11 +853,7 @@ impl Sanitizer {
         if found.is_empty() {
             return Ok(());
         }
-        let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
-        if self.print {
-            eprintln!("{message}");
-        }
-        st.reports.extend(found);
+        let message = self.publish(st, found);
         if self.fails() {
             Err(message)
         } else {
@@ -863,7 +864,7 @@ impl Sanitizer {
     /// Checks a synchronous host copy or memset: coverage, frees and bounds (no ordering:
     /// the host is ordered after nothing it has not observed).
     pub(crate) fn check_host(&self, name: &'static str, ranges: &[Range]) -> Result<(), String> {
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         let mut found: SmallVec<[SanitizerReport; 1]> = SmallVec::new();
         for r in ranges.iter().filter(|r| r.len > 0) {
             let cands = Self::candidates(&st, r.addr);
@@ -910,16 +911,26 @@ impl Sanitizer {
         if found.is_empty() {
             return Ok(());
         }
-        let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
-        if self.print {
-            eprintln!("{message}");
-        }
-        st.reports.extend(found);
+        let message = self.publish(st, found);
         if self.fails() {
             Err(message)
         } else {
             Ok(())
         }
+    }
+
+    /// Keeps new reports and hands them to the output once the state is unlocked (a
+    /// `tracing` subscriber may call back into the device); returns them as one message.
+    fn publish(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        found: SmallVec<[SanitizerReport; 1]>,
+    ) -> String {
+        let message = found.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        st.reports.extend(found.iter().cloned());
+        drop(st);
+        self.output.emit(&found, &message);
+        message
     }
 
     fn stream_completed(st: &State, id: u64) -> Option<u64> {
@@ -1027,12 +1038,12 @@ impl Sanitizer {
             (ptr, id),
             Gen { pool, ptr, size, alloc: point, free: None, preds, uses: SmallVec::new() },
         );
-        self.finish_host_reports(&mut st, reports, stream, position, "pool alloc")
+        self.finish_host_reports(st, reports, stream, position, "pool alloc")
     }
 
     fn finish_host_reports(
         &self,
-        st: &mut State,
+        st: MutexGuard<'_, State>,
         reports: SmallVec<[SanitizerReport; 1]>,
         stream: u64,
         position: u64,
@@ -1041,17 +1052,13 @@ impl Sanitizer {
         if reports.is_empty() {
             return None;
         }
-        let message = reports.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
-        if self.print {
-            eprintln!("{message}");
-        }
-        st.reports.extend(reports);
+        let shared = st.streams.get(&stream).map(|s| s.shared.clone());
+        let message = self.publish(st, reports);
         if !self.fails() {
             return None;
         }
-        let shared = st.streams.get(&stream).map(|s| s.shared.clone())?;
         Some(FailAction {
-            stream: shared,
+            stream: shared?,
             error: DriverError::TaskFailed { stream, task: position, name: name.into(), message },
         })
     }
@@ -1102,7 +1109,7 @@ impl Sanitizer {
         if st.freed.len() > st.prune_at {
             Self::prune(&mut st);
         }
-        self.finish_host_reports(&mut st, reports, stream, position, "pool free")
+        self.finish_host_reports(st, reports, stream, position, "pool free")
     }
 
     /// A driver `malloc` of `size` bytes (`len` after rounding) at `ptr`.
