@@ -294,7 +294,7 @@ fn a_dropped_device_forgets_its_streams_everywhere() {
     let mut ids: Vec<u64> = (0..3).map(|_| dev.create_sim_stream().unwrap().id()).collect();
     let live = dev.create_sim_stream().unwrap();
     ids.push(live.id());
-    let known = |id: &u64| super::KNOWN_STREAMS.lock().contains(id);
+    let known = |id: &u64| super::streams::KNOWN_STREAMS.lock().contains(id);
     assert!(ids.iter().all(known));
     drop(dev);
     drop(live);
