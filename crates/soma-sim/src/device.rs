@@ -254,6 +254,14 @@ impl SimDevice {
         self.core.sanitizer.as_ref().map_or((0, 0), |s| s.generations())
     }
 
+    /// How many streams the sanitizer keeps state for (diagnostics): the device's streams,
+    /// dropped streams it has not forgotten yet, and the streams its vector clocks and
+    /// recorded uses name. A dropped stream is forgotten once its last task has run, in
+    /// batches, so the count stays bounded however many streams are created and dropped.
+    pub fn sanitizer_tracked_streams(&self) -> usize {
+        self.core.sanitizer.as_ref().map_or(0, |s| s.tracked_streams())
+    }
+
     /// Returns the sanitizer's reports so far and forgets them.
     pub fn take_sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.take_reports())

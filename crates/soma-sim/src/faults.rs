@@ -97,6 +97,21 @@ impl Faults {
         self.tasks_armed.store(false, Ordering::Release);
     }
 
+    /// Drops the task faults armed for a stream that has been dropped and drained: none of
+    /// them can fire any more.
+    pub(crate) fn forget_stream(&self, stream: u64) {
+        if !self.tasks_armed() {
+            return;
+        }
+        let mut t = self.tasks.lock();
+        t.retain(|f| match *f {
+            TaskFault::At { stream: s, .. } | TaskFault::Next { stream: s } => s != stream,
+        });
+        if t.is_empty() {
+            self.tasks_armed.store(false, Ordering::Release);
+        }
+    }
+
     /// Counts a call of `kind`; `true` if it must fail.
     pub(crate) fn hit(&self, kind: FaultKind) -> bool {
         let mut rule = self.rules[kind.index()].lock();
@@ -148,6 +163,8 @@ impl Faults {
 
 #[cfg(test)]
 mod tests {
+    use soma_core::hal::StreamHal;
+
     use super::*;
 
     #[test]
@@ -174,5 +191,20 @@ mod tests {
         assert!(!f.task_hit(1, 5));
         assert!(f.task_hit(2, 9));
         assert!(!f.task_hit(2, 10));
+    }
+
+    #[test]
+    fn a_dropped_stream_takes_its_task_faults_with_it() {
+        let dev = crate::Npu::builder().build().unwrap().device(0).unwrap();
+        let (dropped, kept) = (dev.create_sim_stream().unwrap(), dev.create_sim_stream().unwrap());
+        let f = dev.faults();
+        f.fail_task(dropped.id(), 7);
+        f.fail_next_task(dropped.id());
+        f.fail_task(kept.id(), 7);
+        drop(dropped);
+        assert_eq!(*f.tasks.lock(), [TaskFault::At { stream: kept.id(), position: 7 }]);
+        drop(kept);
+        assert!(f.tasks.lock().is_empty());
+        assert!(!f.tasks_armed());
     }
 }

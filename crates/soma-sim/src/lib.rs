@@ -78,6 +78,8 @@ mod memory;
 pub mod sanitizer;
 mod stream;
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -205,9 +207,32 @@ impl LatencyModel {
     }
 }
 
-/// Configuration of an [`Npu`]; see [`Npu::builder`].
-#[derive(Clone, Debug)]
-pub struct NpuBuilder {
+/// What an [`NpuBuilder`] builds from the devices it creates: [`Npu`] itself, or a wrapper
+/// that a crate over the simulator defines (the `soma` crate's `soma::sim::Npu`), so that the
+/// wrapper's builder is this builder, with every one of its settings.
+pub trait FromSimNpu: Sized {
+    /// The error [`NpuBuilder::build`] returns: driver errors convert into it.
+    type Error: From<DriverError>;
+
+    /// Makes the built value from the simulator's devices.
+    ///
+    /// # Errors
+    /// Whatever the wrapper cannot set up over the devices.
+    fn from_sim_npu(npu: Npu) -> Result<Self, Self::Error>;
+}
+
+impl FromSimNpu for Npu {
+    type Error = DriverError;
+
+    fn from_sim_npu(npu: Npu) -> DriverResult<Npu> {
+        Ok(npu)
+    }
+}
+
+/// Configuration of an [`Npu`] (or of what `T` makes of one, see [`FromSimNpu`]); see
+/// [`Npu::builder`].
+#[must_use]
+pub struct NpuBuilder<T = Npu> {
     devices: u32,
     capacity: u64,
     granularity: u64,
@@ -216,6 +241,28 @@ pub struct NpuBuilder {
     address_space: Option<u64>,
     vmm: bool,
     sanitizer: SanitizerConfig,
+    builds: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for NpuBuilder<T> {
+    fn clone(&self) -> Self {
+        Self { builds: PhantomData, ..*self }
+    }
+}
+
+impl<T> fmt::Debug for NpuBuilder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NpuBuilder")
+            .field("devices", &self.devices)
+            .field("capacity", &self.capacity)
+            .field("granularity", &self.granularity)
+            .field("product", &self.product)
+            .field("latency", &self.latency)
+            .field("address_space", &self.address_space)
+            .field("vmm", &self.vmm)
+            .field("sanitizer", &self.sanitizer)
+            .finish()
+    }
 }
 
 /// The sanitizer options of a device.
@@ -228,7 +275,7 @@ pub(crate) struct SanitizerConfig {
     pub(crate) print: bool,
 }
 
-impl Default for NpuBuilder {
+impl<T> Default for NpuBuilder<T> {
     /// The defaults; the sanitizer mode comes from the `SOMA_SANITIZER` environment variable
     /// (`report` or `fail`; off when unset), see [`SanitizerMode::from_env`].
     fn default() -> Self {
@@ -244,11 +291,12 @@ impl Default for NpuBuilder {
                 Some(mode) => SanitizerConfig { mode, print: true, ..SanitizerConfig::default() },
                 None => SanitizerConfig::default(),
             },
+            builds: PhantomData,
         }
     }
 }
 
-impl NpuBuilder {
+impl<T> NpuBuilder<T> {
     /// Number of devices (default 1).
     pub fn devices(mut self, n: u32) -> Self {
         self.devices = n;
@@ -335,13 +383,21 @@ impl NpuBuilder {
         self
     }
 
-    /// Creates the devices.
+    /// Creates the devices (and, for a wrapper `T`, what it makes of them).
     ///
     /// # Errors
     /// [`DriverError::InvalidValue`] for zero devices, a granularity that is not a power of two
     /// of at least the page size, a capacity below one granule or an address space below the
-    /// capacity; [`DriverError::Native`] if the OS refuses the address space.
-    pub fn build(self) -> DriverResult<Npu> {
+    /// capacity; [`DriverError::Native`] if the OS refuses the address space; and the errors
+    /// of [`T::from_sim_npu`](FromSimNpu::from_sim_npu).
+    pub fn build(self) -> Result<T, T::Error>
+    where
+        T: FromSimNpu,
+    {
+        T::from_sim_npu(self.build_sim()?)
+    }
+
+    fn build_sim(self) -> DriverResult<Npu> {
         let page = memory::page_size();
         let g = self.granularity;
         if self.devices == 0 {

@@ -218,9 +218,6 @@ impl SimStream {
             dropped: AtomicBool::new(false),
             san,
         });
-        if let Some(san) = &shared.san {
-            san.register_stream(id, Arc::downgrade(&shared));
-        }
         let (tx, rx) = crossbeam_channel::unbounded();
         let (c, s) = (Arc::clone(&core), Arc::clone(&shared));
         let worker = std::thread::Builder::new()
@@ -230,6 +227,11 @@ impl SimStream {
                 code: -1,
                 message: format!("cannot start stream worker: {e}"),
             })?;
+        // Registered once the stream exists: a stream whose worker did not start is never
+        // dropped, and would stay in the sanitizer's tables.
+        if let Some(san) = &shared.san {
+            san.register_stream(id, Arc::downgrade(&shared));
+        }
         core.live_streams.fetch_add(1, Ordering::Relaxed);
         Ok(Self { shared, core, tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
     }
@@ -343,6 +345,8 @@ impl Drop for SimStream {
         if let Some(w) = self.worker.lock().take() {
             if w.thread().id() != std::thread::current().id() {
                 let _ = w.join();
+                // Drained: no task of the stream is left for its faults to hit.
+                self.core.faults.forget_stream(self.shared.id);
             }
         }
         if let Some(san) = &self.shared.san {

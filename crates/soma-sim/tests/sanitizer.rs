@@ -492,3 +492,56 @@ fn generations_stay_bounded_without_host_synchronisation() {
     assert!(s1.synchronize().is_err());
     assert_eq!(kinds(&dev), [ReportKind::UseAfterFree]);
 }
+
+/// Whether `counts` stay bounded: a count that grows with the number of steps is about
+/// twice as large at the end as half-way; a bounded one (a sawtooth, as batches are
+/// forgotten or pruned) peaks as high in the first half as in the second.
+fn flat(counts: &[usize]) -> bool {
+    let (first, second) = counts.split_at(counts.len() / 2);
+    let peak = |c: &[usize]| c.iter().copied().max().unwrap_or(0);
+    2 * peak(second) < 3 * peak(first)
+}
+
+#[test]
+fn dropped_streams_are_forgotten() {
+    // A stream per request: each allocates a block no later request reuses (no newer
+    // generation supersedes its free), fills it, frees it and is dropped. Neither the
+    // streams the sanitizer keeps state for nor its generations grow with the requests.
+    let dev = device(SanitizerMode::FailStream);
+    let base = pool_range(&dev);
+    let long_lived = dev.create_sim_stream().unwrap();
+    let (mut streams, mut generations) = (Vec::new(), Vec::new());
+    let block = 512;
+    let requests = G / block;
+    for i in 0..requests {
+        let s = dev.create_sim_stream().unwrap();
+        let p = at(base, i * block);
+        alloc(&dev, &s, p, block);
+        fill(&s, p, block, i as u8);
+        free(&dev, &s, p);
+        drop(s);
+        streams.push(dev.sanitizer_tracked_streams());
+        let (live, freed) = dev.sanitizer_generations();
+        generations.push(live + freed);
+    }
+    assert!(flat(&streams), "tracked streams: {streams:?}");
+    assert!(flat(&generations), "generations: {generations:?}");
+    // Still exact: a use of the last freed block is a use after free.
+    fill(&long_lived, at(base, (requests - 1) * block), 16, 0);
+    assert!(long_lived.synchronize().is_err());
+    assert_eq!(kinds(&dev), [ReportKind::UseAfterFree]);
+}
+
+#[test]
+fn dropped_streams_running_host_functions_are_forgotten() {
+    let dev = device(SanitizerMode::FailStream);
+    let tracked: Vec<usize> = (0..512)
+        .map(|_| {
+            let s = dev.create_sim_stream().unwrap();
+            s.host_fn(Box::new(|| {})).unwrap();
+            drop(s);
+            dev.sanitizer_tracked_streams()
+        })
+        .collect();
+    assert!(flat(&tracked), "tracked streams: {tracked:?}");
+}

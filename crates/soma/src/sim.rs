@@ -20,69 +20,36 @@ pub use soma_sim::{CallCounts, FaultKind, Faults, LatencyModel, Product, SimDevi
 
 use crate::{Device, Result};
 
-/// Configuration of a software [`Npu`]; see [`Npu::builder`].
-#[derive(Clone, Debug, Default)]
-#[must_use]
-pub struct NpuBuilder {
-    inner: soma_sim::NpuBuilder,
-}
+/// Configuration of a software [`Npu`]; see [`Npu::builder`]. It is the simulator's own
+/// builder, building this crate's [`Npu`]: every setting of [`soma_sim::NpuBuilder`] is here.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use soma::sim::{LatencyModel, Npu, Product, SanitizerMode};
+/// let npu: Npu = Npu::builder()
+///     .devices(2)
+///     .capacity(1 << 30)
+///     .granularity(2 << 20)
+///     .product(Product::Atlas300IDuo)
+///     .latency(LatencyModel::none())
+///     .address_space(4 << 30)
+///     .vmm(true)
+///     .sanitizer(SanitizerMode::Report)
+///     .sanitizer_strict(true)
+///     .sanitizer_poison(Some(0xA5))
+///     .build()?;
+/// assert_eq!(npu.device_count(), 2);
+/// assert_eq!(npu.device(1)?.info().total_memory, 1 << 30);
+/// assert_eq!(npu.sim_device(0)?.sanitizer_mode(), SanitizerMode::Report);
+/// # Ok(()) }
+/// ```
+pub type NpuBuilder = soma_sim::NpuBuilder<Npu>;
 
-impl NpuBuilder {
-    /// Number of devices (default 1).
-    pub fn devices(self, n: u32) -> Self {
-        NpuBuilder { inner: self.inner.devices(n) }
-    }
+impl soma_sim::FromSimNpu for Npu {
+    type Error = crate::Error;
 
-    /// Memory capacity of each device (default 64 GiB).
-    pub fn capacity(self, bytes: u64) -> Self {
-        NpuBuilder { inner: self.inner.capacity(bytes) }
-    }
-
-    /// Physical allocation granularity (default 2 MiB, as on Ascend).
-    pub fn granularity(self, bytes: u64) -> Self {
-        NpuBuilder { inner: self.inner.granularity(bytes) }
-    }
-
-    /// Product model (default [`Product::AtlasA2`], which supports CANN's pool C API).
-    pub fn product(self, product: Product) -> Self {
-        NpuBuilder { inner: self.inner.product(product) }
-    }
-
-    /// Latency model (default none; [`LatencyModel::ascend_like`] for realistic driver costs).
-    pub fn latency(self, model: LatencyModel) -> Self {
-        NpuBuilder { inner: self.inner.latency(model) }
-    }
-
-    /// Turns the stream-order sanitizer on or off (default: off, unless the `SOMA_SANITIZER`
-    /// environment variable says `report` or `fail`). Reports:
-    /// [`SimDevice::sanitizer_reports`] of [`Npu::sim_device`].
-    pub fn sanitizer(self, mode: SanitizerMode) -> Self {
-        NpuBuilder { inner: self.inner.sanitizer(mode) }
-    }
-
-    /// Strict sanitizer: also report uses of fresh blocks by streams not ordered after the
-    /// allocation (see [`soma_sim::NpuBuilder::sanitizer_strict`]).
-    pub fn sanitizer_strict(self, strict: bool) -> Self {
-        NpuBuilder { inner: self.inner.sanitizer_strict(strict) }
-    }
-
-    /// Poisons freed pool memory with `byte` once the free completes in stream order.
-    pub fn sanitizer_poison(self, byte: Option<u8>) -> Self {
-        NpuBuilder { inner: self.inner.sanitizer_poison(byte) }
-    }
-
-    /// Whether the devices offer virtual memory management (default on). Off models a
-    /// product without it: pools fall back to one `malloc` segment of their max size.
-    pub fn vmm(self, on: bool) -> Self {
-        NpuBuilder { inner: self.inner.vmm(on) }
-    }
-
-    /// Creates the devices.
-    ///
-    /// # Errors
-    /// Invalid configurations, or the OS refusing the address space.
-    pub fn build(self) -> Result<Npu> {
-        let sim = self.inner.build()?;
+    /// Wraps each simulated device in a [`Device`].
+    fn from_sim_npu(sim: soma_sim::Npu) -> Result<Npu> {
         let devices = (0..sim.device_count())
             .map(|i| {
                 let sim_device = sim.device(i)?;
