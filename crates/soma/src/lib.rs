@@ -53,10 +53,26 @@
 pub use soma_core::hal;
 pub use soma_core::observe;
 pub use soma_core::{
-    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DriverAlloc, Error, Event,
-    KernelArg, MemPool, MemPoolBuilder, OomAction, OutOfMemory, PoolAlloc, PoolStats, Result,
-    ReuseCounts, ReusePolicy, Stream, MAX_STREAMS,
+    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DeviceBufferMut, DriverAlloc,
+    Error, Event, EventWait, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
+    OomAction, OutOfMemory, PoolAlloc, PoolStats, Result, ReuseCounts, ReusePolicy, Stream,
+    StreamSync, View, ViewMut, MAX_STREAMS,
 };
+
+/// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):
+/// `use soma::prelude::*;`.
+pub mod prelude {
+    pub use soma_core::{BufferOwner, DeviceBuffer, DeviceBufferMut};
+}
+
+/// The `bytemuck` crate soma's element bounds use (`Pod`): derive `Pod` for your own element
+/// types without adding the dependency yourself.
+pub use bytemuck;
+
+/// Half-precision element types (feature `half`, on by default): `PoolAlloc<'_, f16>` and
+/// `bf16` buffers work like any other element type.
+#[cfg(feature = "half")]
+pub use half::{bf16, f16};
 
 #[cfg(feature = "ascend")]
 pub mod ascend;

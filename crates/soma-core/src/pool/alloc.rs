@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::allocate::Granted;
 use super::api::MemPool;
 use super::free::TypedFree;
-use crate::buffer::{BufferOwner, DeviceBuffer, Sealed};
+use crate::buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, Sealed};
 use crate::device::Device;
 use crate::engine::{BlockId, StreamSlot};
 use crate::error::Result;
@@ -324,6 +324,8 @@ impl<T: bytemuck::Pod + Send + Sync> DeviceBuffer for PoolAlloc<'_, T> {
         self.len_shard.len()
     }
 }
+
+impl<T: bytemuck::Pod + Send + Sync> DeviceBufferMut for PoolAlloc<'_, T> {}
 
 impl<T> std::fmt::Debug for PoolAlloc<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

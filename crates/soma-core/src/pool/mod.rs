@@ -18,6 +18,7 @@
 //! | `teardown.rs` | the end of a pool |
 //! | `native.rs` | the driver's own pool behind the same API |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation |
+//! | `transfer.rs` | allocations that start with known contents (zeros, an upload) |
 //! | `attr.rs`, `stats.rs`, `observe_api.rs` | attributes, counters, snapshots and history |
 
 mod alloc;
@@ -39,6 +40,7 @@ mod policy;
 mod release;
 mod shards;
 mod stats;
+mod transfer;
 mod teardown;
 
 pub use alloc::PoolAlloc;
