@@ -214,6 +214,31 @@ impl<'d> Stream<'d> {
         Ok(done)
     }
 
+    /// Whether everything enqueued so far has completed, without that answer counting as a
+    /// host observation: unlike [`query`](Self::query), a `true` here does not make this
+    /// stream's frees reusable by other streams under the host-synchronisation rule, so a
+    /// test of the reuse rules can look without changing which rule applies. (Opportunistic
+    /// reuse, which follows device completion, may still see the frees as complete; a backend
+    /// that caches completion refreshes its cache.) Never blocks.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// let s = dev.create_stream()?;
+    /// s.host_fn(|| {})?;
+    /// while !s.is_complete_unobserved()? {
+    ///     std::thread::yield_now();
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The stream's sticky error, if a task failed.
+    pub fn is_complete_unobserved(&self) -> Result<bool> {
+        Ok(self.hal.query()?)
+    }
+
     /// Records a new event at the current end of this stream.
     ///
     /// # Errors
@@ -266,8 +291,10 @@ impl<'d> Stream<'d> {
     /// on `other` and waited on here).
     ///
     /// # Errors
-    /// Backend failures.
+    /// A stream of another device (nothing is enqueued on either stream then), backend
+    /// failures.
     pub fn wait_stream(&self, other: &Stream<'_>) -> Result<()> {
+        self.check_device(other.device(), "wait_stream: the other stream")?;
         let event = other.record_event()?;
         self.wait_event(&event)
     }
@@ -324,6 +351,11 @@ impl<'d> Stream<'d> {
 
     /// Copies the start of `src` into `dst`, in stream order, and waits for the copy (and
     /// so for everything enqueued on this stream before it).
+    ///
+    /// The wait is a host observation, as [`synchronize`](Self::synchronize) is: frees made on
+    /// this stream before the call become reusable by every stream. (It does not apply the
+    /// release threshold.) [`copy_to_host_async`](Self::copy_to_host_async) copies into a
+    /// [`HostBuffer`](crate::HostBuffer) without blocking.
     ///
     /// # Errors
     /// `dst` longer than `src`, buffer of another device, the stream's sticky error.
@@ -397,6 +429,9 @@ impl<'d> Stream<'d> {
                 dst.len()
             )));
         }
+        // Both devices first: a refused copy records no use (no event) on either buffer.
+        self.check_device(dst.device(), "the buffer")?;
+        self.check_device(src.device(), "the buffer")?;
         self.note_use(dst)?;
         self.note_use(src)?;
         let len = src.byte_len();
@@ -493,6 +528,10 @@ impl<'d> Stream<'d> {
     where
         F: FnOnce(&dyn KernelBuffers) -> std::result::Result<(), KernelError> + Send + 'static,
     {
+        // Every device first: a refused launch records no use (no event) on any buffer.
+        for arg in args {
+            self.check_device(arg.owner.device(), "the buffer")?;
+        }
         for arg in args {
             self.note_use(arg.owner)?;
         }

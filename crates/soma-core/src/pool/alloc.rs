@@ -292,6 +292,8 @@ impl<T> BufferOwner for PoolAlloc<'_, T> {
     }
 
     fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
+        // Before anything is enqueued: a refused call leaves both streams untouched.
+        stream.check_device(self.pool.device(), "the allocation")?;
         if stream.slot() == self.stream.slot() {
             return Ok(());
         }
