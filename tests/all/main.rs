@@ -4,8 +4,11 @@
 mod ascend_backend;
 mod bad_input;
 mod common;
+mod cross_device;
 mod driver_alloc;
 mod faults;
+mod foreign_work;
+mod host_transfers;
 mod observe;
 mod pool;
 mod reuse_rules;
@@ -13,3 +16,4 @@ mod sanitizer;
 mod shards;
 mod state_machine;
 mod stress;
+mod views;
