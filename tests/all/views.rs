@@ -131,7 +131,6 @@ fn a_kernel_through_a_view_holds_only_the_viewed_bytes() {
             Ok(())
         })
         .unwrap();
-        drop(read);
         started_rx.recv().unwrap();
         s1.memset(&mut x.slice_mut(2048..).unwrap(), 1).unwrap();
         let written = s1.synchronize();
