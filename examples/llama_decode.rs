@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use soma::sim::{LatencyModel, Npu, SimDevice};
-use soma::{Device, DeviceBuffer, DeviceBufferMut, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream};
+use soma::{
+    Device, DeviceBuffer, DeviceBufferMut, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream,
+};
 use soma_core::observe::{History, Record, RecordKind, SvgOptions};
 
 const HIDDEN: usize = 4096;
