@@ -20,6 +20,7 @@ mod device;
 mod error;
 mod event;
 mod host;
+mod owned;
 mod pool;
 mod stream;
 mod sync;
@@ -35,6 +36,7 @@ pub use device::{Device, MAX_STREAMS};
 pub use error::{Bytes, Error, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
 pub use host::{HostBuffer, HostTransfer};
+pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
     MemPool, MemPoolBuilder, OomAction, OomHook, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
