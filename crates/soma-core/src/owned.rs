@@ -73,10 +73,6 @@ impl OwnedStream {
     pub fn same_stream(&self, other: &OwnedStream) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
-
-    pub(crate) fn shared(&self) -> &Arc<Stream<'static>> {
-        &self.0
-    }
 }
 
 impl Deref for OwnedStream {
