@@ -10,6 +10,7 @@ mod faults;
 mod foreign_work;
 mod host_transfers;
 mod observe;
+mod owned;
 mod pool;
 mod reuse_rules;
 mod sanitizer;
