@@ -37,7 +37,11 @@
 //!
 //! | on the CPU | on the device, with soma |
 //! |---|---|
-//! | `Vec<T>` / `Box<[T]>` | [`PoolAlloc<'s, T>`](PoolAlloc) — freed onto its stream when dropped |
+//! | `Vec<T>` / `Box<[T]>` | [`PoolAlloc<'s, T>`](PoolAlloc) — freed onto its stream when dropped; [`OwnedAlloc<T>`](OwnedAlloc) — the same without lifetimes, for engines |
+//! | `&v[a..b]`, `&mut v[a..b]` | [`View`], [`ViewMut`] from `slice` / `slice_mut` ([`prelude`]) |
+//! | `Arc<T>` handed to threads | [`OwnedPool`], [`OwnedStream`]: `Clone + Send + Sync + 'static` |
+//! | page-locked I/O buffers | [`HostBuffer`], lent to a stream by an async copy until it completes |
+//! | a `JoinHandle` / future | [`Event::wait_async`], [`Stream::synchronize_async`], [`HostTransfer`] |
 //! | a thread | a [`Stream`]: work runs in order, asynchronously to the host |
 //! | the global allocator | a [`MemPool`]: a virtual range, physical memory mapped on demand |
 //! | a happens-before edge (join, channel) | an [`Event`] recorded on one stream and waited on by another |
