@@ -21,7 +21,8 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use soma::MemPool;
 use soma_tools::baselines::{
-    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaReplica, Tlsf, UNIT,
+    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, SomaReplica,
+    Tlsf, UNIT,
 };
 use soma_tools::workload::{checkerboard, free_all, replay};
 
@@ -59,6 +60,11 @@ fn hot(c: &mut Criterion) {
         {
             let pool = MemPool::builder().build(&dev).expect("pool");
             run(&mut g, SomaApi::new(&pool, &s), live);
+        }
+        {
+            let pool = MemPool::builder().build_owned(&dev).expect("pool");
+            let owned = dev.create_owned_stream().expect("stream");
+            run(&mut g, SomaOwned::new(pool, owned), live);
         }
         run(&mut g, SomaEngine::new(RANGE, 512), live);
         run(&mut g, OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live);

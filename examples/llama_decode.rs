@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use soma::sim::{LatencyModel, Npu, SimDevice};
-use soma::{Device, DeviceBuffer, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream};
+use soma::{
+    Device, DeviceBuffer, DeviceBufferMut, DriverAlloc, KernelArg, MemPool, PoolAlloc, Stream,
+};
 use soma_core::observe::{History, Record, RecordKind, SvgOptions};
 
 const HIDDEN: usize = 4096;
@@ -52,7 +54,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// How a run allocates its tensors; the decode code is written once against it.
 trait TensorAlloc<'s> {
-    type Buf<T: bytemuck::Pod + Send + Sync>: DeviceBuffer<Elem = T> + 's;
+    type Buf<T: bytemuck::Pod + Send + Sync>: DeviceBufferMut<Elem = T> + 's;
     fn raw_alloc<T: bytemuck::Pod + Send + Sync>(&self, len: usize) -> soma::Result<Self::Buf<T>>;
     fn clock(&self) -> &Cell<Duration>;
     fn live(&self) -> &Cell<(u64, u64)>;
@@ -388,7 +390,7 @@ fn decode_step<'s, A: TensorAlloc<'s>>(
     Ok(out[0])
 }
 
-fn rms_norm<B1: DeviceBuffer<Elem = f32>, B2: DeviceBuffer<Elem = f32>>(
+fn rms_norm<B1: DeviceBufferMut<Elem = f32>, B2: DeviceBufferMut<Elem = f32>>(
     s: &Stream<'_>,
     x: &B1,
     out: &mut B2,
@@ -412,8 +414,8 @@ fn elementwise<B1, B2>(
     f: fn(f32) -> f32,
 ) -> Result<()>
 where
-    B1: DeviceBuffer<Elem = f32>,
-    B2: DeviceBuffer<Elem = f32>,
+    B1: DeviceBufferMut<Elem = f32>,
+    B2: DeviceBufferMut<Elem = f32>,
 {
     s.launch(name, &[KernelArg::read(x), KernelArg::write(out)], move |b| {
         let (x, o) = (b.read::<f32>(0)?, b.write::<f32>(1)?);
@@ -427,9 +429,9 @@ where
 
 fn add<B1, B2, B3>(s: &Stream<'_>, x: &B1, y: &B2, out: &mut B3) -> Result<()>
 where
-    B1: DeviceBuffer<Elem = f32>,
-    B2: DeviceBuffer<Elem = f32>,
-    B3: DeviceBuffer<Elem = f32>,
+    B1: DeviceBufferMut<Elem = f32>,
+    B2: DeviceBufferMut<Elem = f32>,
+    B3: DeviceBufferMut<Elem = f32>,
 {
     s.launch("add", &[KernelArg::read(x), KernelArg::read(y), KernelArg::write(out)], |b| {
         let (x, y, o) = (b.read::<f32>(0)?, b.read::<f32>(1)?, b.write::<f32>(2)?);

@@ -309,3 +309,69 @@ fn a_free_waits_for_a_synchronous_memset_of_the_same_memory() {
     hal.free(p).expect("the free waits for the memset, then succeeds");
     writer.join().unwrap().expect("the memset ran to its end");
 }
+
+#[test]
+fn page_locked_transfers_run_on_the_ascend_backend() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(16 << 20).build(&dev).unwrap();
+    let data: Vec<u32> = (0..4096).collect();
+    let mut x = pool.alloc_async::<u32>(4096, &s).unwrap();
+    let staging = soma::HostBuffer::from_slice(&dev, &data).unwrap();
+    let staging = s.copy_from_host_async(&mut x, staging).unwrap().wait().unwrap();
+    let back = s.copy_to_host_async(&x, staging).unwrap().wait().unwrap();
+    assert_eq!(&back[..], &data[..]);
+}
+
+/// Held by `foreign_gate` until set.
+static FOREIGN_GATE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A host function launched on the raw stream, as an operator library would: soma does not
+/// see it. It holds the stream until `FOREIGN_GATE_OPEN` is set (30 s at most).
+extern "C" fn foreign_gate(_: *mut std::ffi::c_void) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !FOREIGN_GATE_OPEN.load(std::sync::atomic::Ordering::Acquire)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn foreign_work_on_the_raw_stream_delays_the_release_of_its_memory() {
+    use soma::ascend::AscendStreamExt as _;
+    use std::sync::atomic::Ordering;
+    let _serial = serial();
+    let path = capi_library();
+    // SAFETY: as in `device()`.
+    let acl = Arc::new(unsafe { Acl::open(&path) }.expect("load soma-capi"));
+    let ascend = devices(Arc::clone(&acl)).unwrap().into_iter().next().unwrap();
+    let dev = Device::new(Arc::new(ascend));
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().max_size(16 << 20).build(&dev).unwrap();
+    let x = pool.alloc_async::<u8>(2 << 20, &s).unwrap();
+    let raw = s.as_raw().unwrap();
+    FOREIGN_GATE_OPEN.store(false, Ordering::Release);
+    // Operators soma does not see: a held host function, then a memset of `x`, both
+    // enqueued on the raw stream after everything soma enqueued there (nothing).
+    // SAFETY: `raw` is a live stream; `foreign_gate` ignores its argument.
+    let rc =
+        unsafe { acl.lib().aclrtLaunchHostFunc(raw, Some(foreign_gate), std::ptr::null_mut()) };
+    assert_eq!(rc.0, 0);
+    // SAFETY: `x` is live device memory of 2 MiB on this device; `raw` is its stream.
+    let rc = unsafe {
+        acl.lib().aclrtMemsetAsync(x.device_ptr().addr() as *mut _, 2 << 20, 7, 2 << 20, raw)
+    };
+    assert_eq!(rc.0, 0);
+    drop(x);
+    // The free is ordered after the foreign memset: releasing memory now keeps the block (the
+    // memset is in flight) instead of unmapping it under the device.
+    let trimmed = pool.trim_to(0);
+    FOREIGN_GATE_OPEN.store(true, Ordering::Release);
+    trimmed.unwrap();
+    assert!(pool.get::<attr::ReservedMemCurrent>().unwrap() >= 2 << 20);
+    s.synchronize().unwrap();
+    pool.trim_to(0).unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+}

@@ -4,12 +4,17 @@
 mod ascend_backend;
 mod bad_input;
 mod common;
+mod cross_device;
 mod driver_alloc;
 mod faults;
+mod foreign_work;
+mod host_transfers;
 mod observe;
+mod owned;
 mod pool;
 mod reuse_rules;
 mod sanitizer;
 mod shards;
 mod state_machine;
 mod stress;
+mod views;

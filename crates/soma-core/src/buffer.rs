@@ -1,11 +1,13 @@
 //! Typed device buffers: what the copy and kernel APIs of [`Stream`] accept.
 
 use std::marker::PhantomData;
+use std::ops::RangeBounds;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
+use crate::view::{self, SplitMut, View, ViewMut};
 
 mod sealed {
     pub trait Sealed {}
@@ -16,15 +18,23 @@ mod sealed {
 pub trait BufferOwner: sealed::Sealed + Sync {
     /// The device the memory belongs to.
     fn device(&self) -> &Device;
-    /// Records that work on `stream` uses the buffer, so that its free is ordered after it.
+
+    /// Records that work on `stream` uses the buffer, so that its free is ordered after that
+    /// work. soma's own copies, memsets and kernels record their uses; call this before
+    /// work that soma does not see uses the buffer on a stream other than its own (a kernel
+    /// enqueued on the raw stream, see `docs/semantics.md`, "Work soma does not see").
+    ///
+    /// The first use on a stream makes that stream wait for the allocation point (an event
+    /// on the allocation's stream); later uses on the same stream cost nothing.
     ///
     /// # Errors
-    /// Failures the pool could not absorb.
-    #[doc(hidden)]
+    /// A stream of another device, or backend failures while recording the event.
     fn record_use(&self, stream: &Stream<'_>) -> Result<()>;
 }
 
-/// A typed range of device memory: [`PoolAlloc`](crate::PoolAlloc) and [`DriverAlloc`].
+/// A typed range of device memory: allocations ([`PoolAlloc`](crate::PoolAlloc),
+/// [`OwnedAlloc`](crate::OwnedAlloc), [`DriverAlloc`]) and views of them ([`View`],
+/// [`ViewMut`]). Copies, memsets and kernels take any of them.
 pub trait DeviceBuffer: BufferOwner {
     /// Element type.
     type Elem: bytemuck::Pod + Send + Sync;
@@ -39,6 +49,112 @@ pub trait DeviceBuffer: BufferOwner {
     /// Size in bytes.
     fn byte_len(&self) -> u64 {
         (self.len() * std::mem::size_of::<Self::Elem>()) as u64
+    }
+
+    /// A read-only view of the elements in `range`, as `&v[range]` is of a slice.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{DeviceBuffer, MemPool};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let logits = pool.alloc_async::<f32>(1000, &s)?;
+    /// let last = logits.slice(900..)?;               // the last 100 elements
+    /// assert_eq!(last.len(), 100);
+    /// assert!(logits.slice(900..1001).is_err());      // out of range: an error, no panic
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `range` is not within `0..len()` or starts after it
+    /// ends.
+    fn slice(&self, range: impl RangeBounds<usize>) -> Result<View<'_, Self::Elem>>
+    where
+        Self: Sized,
+    {
+        view::slice(self, range)
+    }
+
+    /// The whole buffer seen as elements of `U` (e.g. `u8` bytes as `f32`s).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{DeviceBuffer, MemPool};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let bytes = pool.alloc_async::<u8>(64, &s)?;
+    /// assert_eq!(bytes.cast::<f32>()?.len(), 16);
+    /// assert!(bytes.slice(0..6)?.cast::<f32>().is_err()); // 6 bytes are no whole f32s
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the bytes are not a whole number of `U` or the first
+    /// byte is not aligned for `U`.
+    fn cast<U: bytemuck::Pod + Send + Sync>(&self) -> Result<View<'_, U>>
+    where
+        Self: Sized,
+    {
+        view::cast(self)
+    }
+}
+
+/// A device buffer that may be written: allocations and [`ViewMut`], not [`View`]. Copies
+/// into it, memsets and kernel arguments made with [`KernelArg::write`](crate::KernelArg::write)
+/// require it.
+pub trait DeviceBufferMut: DeviceBuffer {
+    /// A writable view of the elements in `range`, as `&mut v[range]` is of a slice; a write
+    /// through it touches only those bytes.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{DeviceBuffer, DeviceBufferMut, MemPool};
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let mut kv = pool.alloc_async::<f32>(16, &s)?;
+    /// s.memset(&mut kv, 0)?;
+    /// s.copy_from_host(&mut kv.slice_mut(4..6)?, &[1.0, 2.0])?; // append two values
+    /// let mut host = [0.0f32; 16];
+    /// s.copy_to_host(&kv, &mut host)?;
+    /// assert_eq!(&host[3..7], &[0.0, 1.0, 2.0, 0.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::slice`].
+    fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<ViewMut<'_, Self::Elem>>
+    where
+        Self: Sized,
+    {
+        view::slice_mut(self, range)
+    }
+
+    /// Two writable views, of `[0, mid)` and `[mid, len)`, as `<[T]>::split_at_mut`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mid > len()`.
+    fn split_at_mut(&mut self, mid: usize) -> Result<SplitMut<'_, Self::Elem>>
+    where
+        Self: Sized,
+    {
+        view::split_at_mut(self, mid)
+    }
+
+    /// The whole buffer seen as writable elements of `U`.
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::cast`].
+    fn cast_mut<U: bytemuck::Pod + Send + Sync>(&mut self) -> Result<ViewMut<'_, U>>
+    where
+        Self: Sized,
+    {
+        view::cast_mut(self)
     }
 }
 
@@ -125,5 +241,7 @@ impl<T: bytemuck::Pod + Send + Sync> DeviceBuffer for DriverAlloc<'_, T> {
         self.len
     }
 }
+
+impl<T: bytemuck::Pod + Send + Sync> DeviceBufferMut for DriverAlloc<'_, T> {}
 
 pub(crate) use sealed::Sealed;

@@ -1,11 +1,15 @@
 //! Events: markers recorded on streams, the pool's source of cross-stream ordering.
 
+use std::marker::PhantomData;
+use std::sync::{Arc, Weak};
+
 use parking_lot::Mutex;
 
 use crate::clock::VectorClock;
+use crate::completion::EventWait;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::hal::EventHal;
+use crate::hal::{EventHal, StreamHal};
 use crate::stream::Stream;
 
 /// An event of a device.
@@ -14,23 +18,35 @@ use crate::stream::Stream;
 /// ordered after (a vector clock); a stream that waits on it inherits that knowledge, so the
 /// pool can reuse memory along chains of streams (s1 → s2 → s3).
 pub struct Event<'d> {
-    device: &'d Device,
+    /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
+    device: Device,
+    _device: PhantomData<&'d Device>,
     hal: Box<dyn EventHal>,
     /// Generation and clock of the latest record; the lock also orders record against wait,
     /// so a waiter never learns a clock newer than the record its wait covers. The
     /// generation tells `synchronize` / `query` whether the record they waited for is still
     /// the one whose clock they publish.
     recorded: Mutex<Option<(u64, VectorClock)>>,
+    /// The backend stream of the latest record, for [`wait_async`](Self::wait_async) to
+    /// wait behind; weak, so that an event does not keep a dropped stream alive.
+    recorded_on: Mutex<Option<Weak<dyn StreamHal>>>,
 }
 
 impl<'d> Event<'d> {
-    pub(crate) fn new(device: &'d Device) -> Result<Self> {
-        Ok(Event { device, hal: device.hal().create_event()?, recorded: Mutex::new(None) })
+    /// Creates an event of `device`; the caller chooses the lifetime the handle claims.
+    pub(crate) fn new(device: &Device) -> Result<Self> {
+        Ok(Event {
+            device: device.clone(),
+            _device: PhantomData,
+            hal: device.hal().create_event()?,
+            recorded: Mutex::new(None),
+            recorded_on: Mutex::new(None),
+        })
     }
 
     /// The device this event belongs to.
-    pub fn device(&self) -> &'d Device {
-        self.device
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The backend event.
@@ -43,7 +59,13 @@ impl<'d> Event<'d> {
         let clock = stream.record_raw(&*self.hal)?;
         let generation = recorded.as_ref().map_or(1, |r| r.0 + 1);
         *recorded = Some((generation, clock));
+        *self.recorded_on.lock() = Some(Arc::downgrade(stream.hal()));
         Ok(())
+    }
+
+    /// The backend stream of the latest record, while it exists.
+    pub(crate) fn recording_stream(&self) -> Option<Arc<dyn StreamHal>> {
+        self.recorded_on.lock().as_ref().and_then(Weak::upgrade)
     }
 
     /// Enqueues the wait on `stream`; returns the clock the wait covers.
@@ -79,6 +101,47 @@ impl<'d> Event<'d> {
         Ok(())
     }
 
+    /// A future that completes when the latest record (at the time of this call) has
+    /// completed, without blocking a thread: the device wakes it. Needs no particular async
+    /// runtime. What it observes counts as a host observation, as with
+    /// [`synchronize`](Self::synchronize): frees ordered before the record become reusable by
+    /// every stream, and the release threshold of the device's pools applies.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// let s = dev.create_stream()?;
+    /// s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))?;
+    /// let done = s.record_event()?;
+    /// // Any executor drives it; a minimal one here (tokio's or smol's `block_on` alike).
+    /// block_on(done.wait_async())?;
+    /// assert!(done.query()?);
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     struct Unpark(std::thread::Thread);
+    /// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
+    /// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     loop { match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => return v, _ => std::thread::park() } }
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The failure of the recording stream, if a task before the record failed; backend
+    /// failures while arming the wake-up.
+    pub fn wait_async(&self) -> EventWait<'_> {
+        EventWait::new(self, self.recorded.lock().clone())
+    }
+
+    /// Publishes a record's clock as host-observed after a future saw it complete, and
+    /// applies the pools' release thresholds.
+    pub(crate) fn observe_completed(&self, before: Option<(u64, VectorClock)>) {
+        self.observe_if_unchanged(before);
+        self.device.shared.after_host_sync();
+    }
+
     /// Publishes the clock of record `before` as host-observed, but only if no other record
     /// replaced it meanwhile: the backend waits for the *latest* record, which may be on
     /// another stream and cover none of `before`'s work.
@@ -102,7 +165,7 @@ impl<'d> Event<'d> {
     /// # Errors
     /// Either event not recorded or not complete, or events of different devices.
     pub fn elapsed_ms(&self, end: &Event<'_>) -> Result<f32> {
-        if !self.device.same_as(end.device) {
+        if !self.device.same_as(&end.device) {
             return Err(Error::WrongDevice("events of different devices".into()));
         }
         Ok(self.hal.elapsed_ms(&*end.hal)?)

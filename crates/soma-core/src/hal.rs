@@ -28,6 +28,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::ptr::NonNull;
 
 /// An address in a device's address space.
 ///
@@ -368,6 +369,31 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// range makes this an error, not a crash.
     fn free(&self, ptr: DevicePtr) -> DriverResult<()>;
 
+    /// Allocates `size` bytes of page-locked host memory (`aclrtMallocHost`): host memory
+    /// the device copies to and from directly, without staging. Aligned to at least a host
+    /// page; its contents are undefined.
+    ///
+    /// # Errors
+    /// [`DriverError::Unsupported`] for backends without page-locked memory (the default),
+    /// [`DriverError::InvalidValue`] for size 0, out of host memory.
+    fn malloc_host(&self, size: u64) -> DriverResult<NonNull<u8>> {
+        let _ = size;
+        Err(DriverError::Unsupported("this backend has no page-locked host memory".into()))
+    }
+
+    /// Frees memory from [`malloc_host`](Self::malloc_host) (`aclrtFreeHost`).
+    ///
+    /// # Safety
+    /// `ptr` was returned by `malloc_host` of this device and is not freed yet; nothing
+    /// accesses its memory during or after the call (no host reference, no task in flight).
+    ///
+    /// # Errors
+    /// A pointer the backend did not hand out (it is then left alone).
+    unsafe fn free_host(&self, ptr: NonNull<u8>) -> DriverResult<()> {
+        let _ = ptr;
+        Err(DriverError::Unsupported("this backend has no page-locked host memory".into()))
+    }
+
     /// Creates a stream.
     fn create_stream(&self) -> DriverResult<Box<dyn StreamHal>>;
 
@@ -460,6 +486,15 @@ pub trait StreamHal: Send + Sync + 'static {
     fn note_completed(&self, position: u64) {
         let _ = position;
     }
+
+    /// Work this stream's positions do not count may have been enqueued on the backend's
+    /// raw handle (an operator library launching on it directly). A backend that numbers its
+    /// own tasks takes the next position for it now, without a driver call, so that a later
+    /// free is tagged after that work and counts as complete only once something covering it
+    /// (a synchronize, a later record or host function) has completed. Backends whose
+    /// positions count every task of the stream (the software NPU's) need nothing: the
+    /// default ignores it.
+    fn note_foreign_work(&self) {}
 
     /// Brings [`completed`](Self::completed) up to date with the device where the backend
     /// caches it (one non-blocking driver query; no host observation is implied). The pool

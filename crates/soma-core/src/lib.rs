@@ -15,26 +15,35 @@ pub mod observe;
 
 mod buffer;
 mod clock;
+mod completion;
 mod device;
 mod error;
 mod event;
+mod host;
+mod owned;
 mod pool;
 mod stream;
 mod sync;
+mod view;
 
 /// The pool's bookkeeping over an offset space (the `soma-engine` crate).
 pub use soma_engine as engine;
 
-pub use buffer::{BufferOwner, DeviceBuffer, DriverAlloc};
+pub use buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, DriverAlloc};
 pub use clock::VectorClock;
+pub use completion::{EventWait, StreamSync};
 pub use device::{Device, MAX_STREAMS};
 pub use error::{Bytes, Error, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
+pub use host::{HostBuffer, HostTransfer};
+pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
-    MemPool, MemPoolBuilder, OomAction, OomHook, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
+    MemPool, MemPoolBuilder, OomAction, OomHook, OwnedAlloc, OwnedPool, PoolAlloc, PoolStats,
+    ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
+pub use view::{SplitMut, View, ViewMut};
 
 /// The free ring, public only for its loom model (`tests/loom.rs`).
 #[cfg(loom)]

@@ -1,11 +1,14 @@
 //! Streams: ordered queues of device work, and the typed copy / kernel API.
 
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::buffer::{BufferOwner, DeviceBuffer};
+use crate::buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut};
 use crate::clock::VectorClock;
+use crate::completion::StreamSync;
 use crate::device::Device;
 use crate::engine::StreamSlot;
 use crate::error::{Error, Result};
@@ -18,28 +21,44 @@ use crate::hal::{
 ///
 /// `Stream<'d>` borrows its [`Device`]. Allocations made for a stream borrow the stream, so
 /// a stream cannot be dropped while an allocation that would be freed onto it is alive.
-/// Dropping a stream waits for its work to finish.
+/// Dropping a stream waits for its work to finish. [`OwnedStream`](crate::OwnedStream) is
+/// the same stream without the borrow, for engines that keep their streams in structs.
 pub struct Stream<'d> {
-    device: &'d Device,
+    /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
+    device: Device,
+    _device: PhantomData<&'d Device>,
     hal: Arc<dyn StreamHal>,
     slot: StreamSlot,
     base: u64,
     /// What this stream's future work is ordered after, learnt from event waits.
     clock: Mutex<VectorClock>,
+    /// The raw handle was handed out: work soma does not see may be enqueued at any time,
+    /// so every free first lets the backend count a position for it.
+    foreign: AtomicBool,
 }
 
 impl<'d> Stream<'d> {
-    pub(crate) fn new(device: &'d Device) -> Result<Self> {
+    /// Creates a stream of `device`; the caller chooses the lifetime the handle claims
+    /// (the borrow of `device` for [`Device::create_stream`], `'static` for an owned stream).
+    pub(crate) fn new(device: &Device) -> Result<Self> {
         device.shared.check_stream_room()?;
         let hal: Arc<dyn StreamHal> = Arc::from(device.shared.hal.create_stream()?);
         let (slot, base) = device.shared.attach_stream(Arc::clone(&hal))?;
-        Ok(Stream { device, hal, slot, base, clock: Mutex::new(VectorClock::new()) })
+        Ok(Stream {
+            device: device.clone(),
+            _device: PhantomData,
+            hal,
+            slot,
+            base,
+            clock: Mutex::new(VectorClock::new()),
+            foreign: AtomicBool::new(false),
+        })
     }
 
     /// The device this stream belongs to.
     #[inline]
-    pub fn device(&self) -> &'d Device {
-        self.device
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The backend's id of this stream (as it appears in reports).
@@ -66,16 +85,44 @@ impl<'d> Stream<'d> {
     }
 
     /// Global position: the number of tasks enqueued so far, offset so that positions of a
-    /// slot never repeat across the streams that used it.
+    /// slot never repeat across the streams that used it (see [`positions`](Self::positions)).
     #[inline]
     pub(crate) fn position(&self) -> u64 {
-        self.base + self.hal.enqueued()
+        self.positions().1
     }
 
-    /// The backend's enqueued count and the global position it gives, from one read.
+    /// The backend's enqueued count and the global position it gives, from one read; where
+    /// a free is tagged. After [`expect_foreign_work`](Self::expect_foreign_work) the backend
+    /// first counts a position for work enqueued on the raw handle.
+    #[inline]
     pub(crate) fn positions(&self) -> (u64, u64) {
+        if self.foreign.load(Ordering::Relaxed) {
+            self.hal.note_foreign_work();
+        }
         let local = self.hal.enqueued();
         (local, self.base + local)
+    }
+
+    /// Tells soma that work it does not see (an operator launched on the backend's raw stream
+    /// handle) was enqueued on this stream: frees made afterwards are ordered after it, for
+    /// every reuse rule. Work enqueued on the raw handle is otherwise ordered like soma's own
+    /// work on this stream; a buffer it uses on *another* stream needs
+    /// [`BufferOwner::record_use`](crate::BufferOwner::record_use) first, as for any use.
+    ///
+    /// The backends' raw accessors (`as_raw`) call [`expect_foreign_work`](Self::expect_foreign_work),
+    /// which covers all later foreign work; call this after foreign work enqueued through a
+    /// handle obtained otherwise. Cheap: no driver call.
+    pub fn note_foreign_work(&self) {
+        self.hal.note_foreign_work();
+    }
+
+    /// From now on, treats every free on this stream as possibly preceded by foreign work on
+    /// the raw handle (see [`note_foreign_work`](Self::note_foreign_work)): each free first
+    /// counts a position for it. Called by the backends' raw accessors when they hand the
+    /// handle out; it cannot be undone for the stream's lifetime.
+    pub fn expect_foreign_work(&self) {
+        self.foreign.store(true, Ordering::Relaxed);
+        self.hal.note_foreign_work();
     }
 
     pub(crate) fn clock(&self) -> parking_lot::MutexGuard<'_, VectorClock> {
@@ -112,6 +159,48 @@ impl<'d> Stream<'d> {
         Ok(result?)
     }
 
+    /// A future that completes when everything enqueued so far has completed, without
+    /// blocking a thread: the device wakes it. Needs no particular async runtime. When it
+    /// completes, the work it covers counts as host-observed, exactly as after
+    /// [`synchronize`](Self::synchronize): frees made on this stream before the call become
+    /// reusable by every stream, and the release threshold of the device's pools applies.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// let s = dev.create_stream()?;
+    /// s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))?;
+    /// let done = s.synchronize_async();      // enqueued now: covers the host function
+    /// block_on(done)?;                       // any executor (tokio, smol, a hand-made one)
+    /// assert!(s.query()?);
+    /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     struct Unpark(std::thread::Thread);
+    /// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
+    /// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     loop { match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => return v, _ => std::thread::park() } }
+    /// # }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The stream's sticky error, if a task failed; backend failures while arming the wake-up
+    /// (reported when the future is first polled).
+    pub fn synchronize_async(&self) -> StreamSync<'_> {
+        StreamSync::new(self)
+    }
+
+    /// After the host saw every task up to global `position` complete (a future's wake-up):
+    /// publishes it, applies the release thresholds, and reports the stream's sticky error.
+    pub(crate) fn observe_completed(&self, position: u64) -> Result<()> {
+        let failed = self.hal.query().err();
+        self.device.shared.observe(self.slot, position + 1);
+        self.device.shared.after_host_sync();
+        failed.map_or(Ok(()), |e| Err(e.into()))
+    }
+
     /// Whether everything enqueued so far has completed; never blocks.
     ///
     /// # Errors
@@ -125,12 +214,37 @@ impl<'d> Stream<'d> {
         Ok(done)
     }
 
+    /// Whether everything enqueued so far has completed, without that answer counting as a
+    /// host observation: unlike [`query`](Self::query), a `true` here does not make this
+    /// stream's frees reusable by other streams under the host-synchronisation rule, so a
+    /// test of the reuse rules can look without changing which rule applies. (Opportunistic
+    /// reuse, which follows device completion, may still see the frees as complete; a backend
+    /// that caches completion refreshes its cache.) Never blocks.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// let s = dev.create_stream()?;
+    /// s.host_fn(|| {})?;
+    /// while !s.is_complete_unobserved()? {
+    ///     std::thread::yield_now();
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The stream's sticky error, if a task failed.
+    pub fn is_complete_unobserved(&self) -> Result<bool> {
+        Ok(self.hal.query()?)
+    }
+
     /// Records a new event at the current end of this stream.
     ///
     /// # Errors
     /// Backend failures.
     pub fn record_event(&self) -> Result<Event<'d>> {
-        let event = Event::new(self.device)?;
+        let event = Event::new(&self.device)?;
         self.record(&event)?;
         Ok(event)
     }
@@ -177,8 +291,10 @@ impl<'d> Stream<'d> {
     /// on `other` and waited on here).
     ///
     /// # Errors
-    /// Backend failures.
+    /// A stream of another device (nothing is enqueued on either stream then), backend
+    /// failures.
     pub fn wait_stream(&self, other: &Stream<'_>) -> Result<()> {
+        self.check_device(other.device(), "wait_stream: the other stream")?;
         let event = other.record_event()?;
         self.wait_event(&event)
     }
@@ -191,7 +307,8 @@ impl<'d> Stream<'d> {
         Ok(self.hal.host_fn(Box::new(f))?)
     }
 
-    fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
+    /// Records a use of `buffer` by work about to be enqueued here (checks its device).
+    pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
         self.check_device(buffer.device(), "the buffer")?;
         buffer.record_use(self)
     }
@@ -201,7 +318,7 @@ impl<'d> Stream<'d> {
     ///
     /// # Errors
     /// `src` longer than `dst`, buffer of another device, or backend failures.
-    pub fn copy_from_host<B: DeviceBuffer>(&self, dst: &mut B, src: &[B::Elem]) -> Result<()> {
+    pub fn copy_from_host<B: DeviceBufferMut>(&self, dst: &mut B, src: &[B::Elem]) -> Result<()> {
         if src.len() > dst.len() {
             return Err(Error::InvalidArgument(format!(
                 "copy_from_host: {} elements into a buffer of {}",
@@ -234,6 +351,11 @@ impl<'d> Stream<'d> {
 
     /// Copies the start of `src` into `dst`, in stream order, and waits for the copy (and
     /// so for everything enqueued on this stream before it).
+    ///
+    /// The wait is a host observation, as [`synchronize`](Self::synchronize) is: frees made on
+    /// this stream before the call become reusable by every stream. (It does not apply the
+    /// release threshold.) [`copy_to_host_async`](Self::copy_to_host_async) copies into a
+    /// [`HostBuffer`](crate::HostBuffer) without blocking.
     ///
     /// # Errors
     /// `dst` longer than `src`, buffer of another device, the stream's sticky error.
@@ -268,13 +390,36 @@ impl<'d> Stream<'d> {
         Ok(result?)
     }
 
+    /// Copies all of `src` into a new `Vec`, waiting for the copy as
+    /// [`copy_to_host`](Self::copy_to_host) does (a host observation of this stream).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let x = pool.alloc_zeros::<u16>(3, &s)?;
+    /// assert_eq!(s.download(&x)?, vec![0, 0, 0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`copy_to_host`](Self::copy_to_host).
+    pub fn download<B: DeviceBuffer>(&self, src: &B) -> Result<Vec<B::Elem>> {
+        let mut host = vec![<B::Elem as bytemuck::Zeroable>::zeroed(); src.len()];
+        self.copy_to_host(src, &mut host)?;
+        Ok(host)
+    }
+
     /// Enqueues a device-to-device copy of the start of `src` into `dst`.
     ///
     /// # Errors
     /// `src` longer than `dst`, buffers of another device, backend failures.
     pub fn copy<D, S>(&self, dst: &mut D, src: &S) -> Result<()>
     where
-        D: DeviceBuffer,
+        D: DeviceBufferMut,
         S: DeviceBuffer<Elem = D::Elem>,
     {
         if src.len() > dst.len() {
@@ -284,6 +429,9 @@ impl<'d> Stream<'d> {
                 dst.len()
             )));
         }
+        // Both devices first: a refused copy records no use (no event) on either buffer.
+        self.check_device(dst.device(), "the buffer")?;
+        self.check_device(src.device(), "the buffer")?;
         self.note_use(dst)?;
         self.note_use(src)?;
         let len = src.byte_len();
@@ -297,12 +445,56 @@ impl<'d> Stream<'d> {
     ///
     /// # Errors
     /// Buffer of another device, backend failures.
-    pub fn memset<B: DeviceBuffer>(&self, dst: &mut B, value: u8) -> Result<()> {
+    pub fn memset<B: DeviceBufferMut>(&self, dst: &mut B, value: u8) -> Result<()> {
         self.note_use(dst)?;
         if dst.byte_len() == 0 {
             return Ok(());
         }
         Ok(self.hal.memset(dst.device_ptr(), value, dst.byte_len())?)
+    }
+
+    /// Enqueues work that sets every element of `dst` to `value` (a memset when all bytes of
+    /// `value` are equal; otherwise one element is uploaded and doubled by device-to-device
+    /// copies, `log2(len)` of them).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let mut mask = pool.alloc_async::<f32>(5, &s)?;
+    /// s.fill(&mut mask, -1.5)?;
+    /// assert_eq!(s.download(&mask)?, vec![-1.5; 5]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Buffer of another device, backend failures.
+    pub fn fill<B: DeviceBufferMut>(&self, dst: &mut B, value: B::Elem) -> Result<()> {
+        let bytes = bytemuck::bytes_of(&value);
+        if bytes.iter().all(|&b| b == bytes[0]) {
+            return self.memset(dst, bytes[0]);
+        }
+        self.note_use(dst)?;
+        let len = dst.len();
+        if len == 0 {
+            return Ok(());
+        }
+        self.copy_from_host(&mut crate::view::first_mut(dst), std::slice::from_ref(&value))?;
+        let elem = bytes.len() as u64;
+        let base = dst.device_ptr();
+        let mut done = 1usize;
+        while done < len {
+            let n = done.min(len - done);
+            let at = base.checked_add(done as u64 * elem).ok_or_else(|| {
+                Error::InvalidArgument("fill: buffer end overflows the address space".into())
+            })?;
+            self.hal.copy_d2d(at, base, n as u64 * elem)?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// Enqueues a kernel written as a Rust closure over the buffers in `args` (software NPU).
@@ -336,6 +528,10 @@ impl<'d> Stream<'d> {
     where
         F: FnOnce(&dyn KernelBuffers) -> std::result::Result<(), KernelError> + Send + 'static,
     {
+        // Every device first: a refused launch records no use (no event) on any buffer.
+        for arg in args {
+            self.check_device(arg.owner.device(), "the buffer")?;
+        }
         for arg in args {
             self.note_use(arg.owner)?;
         }
@@ -383,7 +579,7 @@ impl<'a> KernelArg<'a> {
 
     /// The kernel writes (and may read) `buffer`; taking `&mut` keeps it from being handed to
     /// the same launch twice.
-    pub fn write<B: DeviceBuffer>(buffer: &'a mut B) -> Self {
+    pub fn write<B: DeviceBufferMut>(buffer: &'a mut B) -> Self {
         KernelArg {
             access: BufferAccess {
                 ptr: buffer.device_ptr(),

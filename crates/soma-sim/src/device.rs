@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -44,6 +45,10 @@ pub struct CallCounts {
     pub sync_copy: u64,
     /// [`DeviceHal::synchronize`] calls.
     pub synchronize: u64,
+    /// [`DeviceHal::malloc_host`] calls.
+    pub malloc_host: u64,
+    /// [`DeviceHal::free_host`] calls.
+    pub free_host: u64,
 }
 
 /// A snapshot of a device's counters ([`SimDevice::stats`]).
@@ -58,6 +63,8 @@ pub struct SimStats {
     pub mapped_bytes: u64,
     /// Bytes held by [`DeviceHal::malloc`] (granule-rounded).
     pub malloc_bytes: u64,
+    /// Bytes of page-locked host memory held by [`DeviceHal::malloc_host`] (page-rounded).
+    pub host_bytes: u64,
     /// Streams of the device not yet dropped.
     pub live_streams: usize,
     /// Driver calls by kind.
@@ -76,6 +83,8 @@ struct Calls {
     free: AtomicU64,
     sync_copy: AtomicU64,
     synchronize: AtomicU64,
+    malloc_host: AtomicU64,
+    free_host: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -115,6 +124,9 @@ struct State {
     physical_bytes: u64,
     mapped_bytes: u64,
     malloc_bytes: u64,
+    /// `malloc_host` allocations: address → page-rounded length.
+    host_allocs: HashMap<u64, u64>,
+    host_bytes: u64,
 }
 
 impl State {
@@ -291,6 +303,7 @@ impl SimDevice {
             physical_bytes: st.physical_bytes,
             mapped_bytes: st.mapped_bytes,
             malloc_bytes: st.malloc_bytes,
+            host_bytes: st.host_bytes,
             live_streams: self.core.live_streams.load(Ordering::Relaxed),
             calls: CallCounts {
                 reserve: l(&c.reserve),
@@ -303,6 +316,8 @@ impl SimDevice {
                 free: l(&c.free),
                 sync_copy: l(&c.sync_copy),
                 synchronize: l(&c.synchronize),
+                malloc_host: l(&c.malloc_host),
+                free_host: l(&c.free_host),
             },
         }
     }
@@ -575,6 +590,39 @@ impl DeviceHal for SimDevice {
         if let Some(san) = &self.core.sanitizer {
             san.on_driver_free(a);
         }
+        Ok(())
+    }
+
+    fn malloc_host(&self, size: u64) -> DriverResult<NonNull<u8>> {
+        bump(&self.core.calls.malloc_host);
+        if size == 0 {
+            return Err(DriverError::InvalidValue("malloc_host of 0 bytes".into()));
+        }
+        let page = crate::memory::page_size();
+        let len = size
+            .checked_next_multiple_of(page)
+            .ok_or_else(|| DriverError::InvalidValue(format!("malloc_host of {size} bytes")))?;
+        let ptr = crate::memory::alloc_host(len)?;
+        let mut st = self.core.state.lock();
+        st.host_allocs.insert(ptr.as_ptr() as u64, len);
+        st.host_bytes += len;
+        Ok(ptr)
+    }
+
+    unsafe fn free_host(&self, ptr: NonNull<u8>) -> DriverResult<()> {
+        bump(&self.core.calls.free_host);
+        let mut st = self.core.state.lock();
+        let addr = ptr.as_ptr() as u64;
+        let Some(len) = st.host_allocs.remove(&addr) else {
+            return Err(DriverError::InvalidValue(format!(
+                "{addr:#x} is not page-locked memory of this device (or was freed already)"
+            )));
+        };
+        st.host_bytes -= len;
+        drop(st);
+        // SAFETY: the table held exactly this allocation (now removed, so it is freed once);
+        // the caller guarantees nothing refers to it any more.
+        unsafe { crate::memory::free_host(ptr, len) };
         Ok(())
     }
 

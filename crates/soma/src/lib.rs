@@ -37,7 +37,11 @@
 //!
 //! | on the CPU | on the device, with soma |
 //! |---|---|
-//! | `Vec<T>` / `Box<[T]>` | [`PoolAlloc<'s, T>`](PoolAlloc) — freed onto its stream when dropped |
+//! | `Vec<T>` / `Box<[T]>` | [`PoolAlloc<'s, T>`](PoolAlloc) — freed onto its stream when dropped; [`OwnedAlloc<T>`](OwnedAlloc) — the same without lifetimes, for engines |
+//! | `&v[a..b]`, `&mut v[a..b]` | [`View`], [`ViewMut`] from `slice` / `slice_mut` ([`prelude`]) |
+//! | `Arc<T>` handed to threads | [`OwnedPool`], [`OwnedStream`]: `Clone + Send + Sync + 'static` |
+//! | page-locked I/O buffers | [`HostBuffer`], lent to a stream by an async copy until it completes |
+//! | a `JoinHandle` / future | [`Event::wait_async`], [`Stream::synchronize_async`], [`HostTransfer`] |
 //! | a thread | a [`Stream`]: work runs in order, asynchronously to the host |
 //! | the global allocator | a [`MemPool`]: a virtual range, physical memory mapped on demand |
 //! | a happens-before edge (join, channel) | an [`Event`] recorded on one stream and waited on by another |
@@ -53,10 +57,26 @@
 pub use soma_core::hal;
 pub use soma_core::observe;
 pub use soma_core::{
-    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DriverAlloc, Error, Event,
-    KernelArg, MemPool, MemPoolBuilder, OomAction, OutOfMemory, PoolAlloc, PoolStats, Result,
-    ReuseCounts, ReusePolicy, Stream, MAX_STREAMS,
+    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DeviceBufferMut, DriverAlloc,
+    Error, Event, EventWait, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
+    OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result,
+    ReuseCounts, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
 };
+
+/// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):
+/// `use soma::prelude::*;`.
+pub mod prelude {
+    pub use soma_core::{BufferOwner, DeviceBuffer, DeviceBufferMut};
+}
+
+/// The `bytemuck` crate soma's element bounds use (`Pod`): derive `Pod` for your own element
+/// types without adding the dependency yourself.
+pub use bytemuck;
+
+/// Half-precision element types (feature `half`, on by default): `PoolAlloc<'_, f16>` and
+/// `bf16` buffers work like any other element type.
+#[cfg(feature = "half")]
+pub use half::{bf16, f16};
 
 #[cfg(feature = "ascend")]
 pub mod ascend;

@@ -16,9 +16,54 @@ use std::sync::Arc;
 
 /// The stream-order sanitizer of the software NPU (see [`NpuBuilder::sanitizer`]).
 pub use soma_sim::{sanitizer, ReportKind, SanitizerMode, SanitizerReport};
-pub use soma_sim::{CallCounts, FaultKind, Faults, LatencyModel, Product, SimDevice, SimStats};
+pub use soma_sim::{
+    CallCounts, FaultKind, Faults, LatencyModel, Product, SimDevice, SimStats, SimStream,
+};
 
-use crate::{Device, Result};
+use crate::{Device, Result, Stream};
+
+/// The software NPU's stream behind a soma [`Stream`], for work soma does not launch: tests
+/// of the raw-stream contract enqueue "foreign" kernels on it
+/// (`StreamHal::launch` of [`SimStream`]), which soma's bookkeeping does not see, as an
+/// operator library's kernels on Ascend (see `soma::ascend::AscendStreamExt`).
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use soma::hal::{AccessMode, BufferAccess, KernelLaunch, StreamHal};
+/// use soma::sim::SimStreamExt as _;
+/// use soma::{BufferOwner, DeviceBuffer, MemPool};
+/// let npu = soma::sim::Npu::builder().build()?;
+/// let dev = npu.device(0)?;
+/// let (s1, s2) = (dev.create_stream()?, dev.create_stream()?);
+/// let pool = MemPool::builder().build(&dev)?;
+/// let x = pool.alloc_zeros::<f32>(256, &s1)?;
+/// x.record_use(&s2)?;                 // the foreign kernel below runs on s2
+/// s2.as_raw()?.launch(KernelLaunch {   // soma does not see this launch
+///     name: "foreign_scale",
+///     buffers: vec![BufferAccess { ptr: x.device_ptr(), len: x.byte_len(), mode: AccessMode::Write }],
+///     body: Box::new(|b| Ok(b.write::<f32>(0)?.iter_mut().for_each(|v| *v *= 2.0))),
+/// })?;
+/// drop(x);                            // the free on s1 waits for s2's use
+/// # Ok(()) }
+/// ```
+pub trait SimStreamExt {
+    /// The [`SimStream`] behind this stream.
+    ///
+    /// # Errors
+    /// A stream of another backend.
+    fn as_raw(&self) -> Result<&SimStream>;
+}
+
+impl SimStreamExt for Stream<'_> {
+    fn as_raw(&self) -> Result<&SimStream> {
+        self.hal().as_any().downcast_ref::<SimStream>().ok_or_else(|| {
+            crate::Error::Driver(crate::hal::DriverError::InvalidHandle(format!(
+                "stream {} is not a software NPU stream",
+                self.id()
+            )))
+        })
+    }
+}
 
 /// Configuration of a software [`Npu`]; see [`Npu::builder`]. It is the simulator's own
 /// builder, building this crate's [`Npu`]: every setting of [`soma_sim::NpuBuilder`] is here.

@@ -1,6 +1,7 @@
 //! [`MemPool`]: the public face of a pool, which hands each operation to the engine-backed
 //! pool or to the driver's native pool.
 
+use std::marker::PhantomData;
 use std::panic::Location;
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use super::attr;
 use super::builder::MemPoolBuilder;
 use super::core::PoolCore;
 use super::free::TypedFree;
+use super::handle::Relocatable;
 use super::native::NativePool;
 use super::policy::{OomAction, ReusePolicy, Settings};
 use super::shards::{Cores, Shards};
@@ -45,7 +47,9 @@ use crate::stream::Stream;
 /// # Ok(()) }
 /// ```
 pub struct MemPool<'d> {
-    device: &'d Device,
+    /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
+    device: Device,
+    _device: PhantomData<&'d Device>,
     kind: PoolKind,
 }
 
@@ -77,18 +81,22 @@ impl<'d> MemPool<'d> {
     }
 
     /// An engine pool of one core.
-    pub(super) fn single(device: &'d Device, core: Arc<PoolCore>) -> MemPool<'d> {
-        MemPool { device, kind: PoolKind::Engine(core) }
+    pub(super) fn single(device: &Device, core: Arc<PoolCore>) -> MemPool<'d> {
+        MemPool::of(device, PoolKind::Engine(core))
     }
 
     /// An engine pool of several shards.
-    pub(super) fn sharded(device: &'d Device, shards: Shards) -> MemPool<'d> {
-        MemPool { device, kind: PoolKind::Sharded(Box::new(shards)) }
+    pub(super) fn sharded(device: &Device, shards: Shards) -> MemPool<'d> {
+        MemPool::of(device, PoolKind::Sharded(Box::new(shards)))
     }
 
     /// A pool delegated to the driver's pool.
-    pub(super) fn native(device: &'d Device, native: NativePool) -> MemPool<'d> {
-        MemPool { device, kind: PoolKind::Native(Box::new(native)) }
+    pub(super) fn native(device: &Device, native: NativePool) -> MemPool<'d> {
+        MemPool::of(device, PoolKind::Native(Box::new(native)))
+    }
+
+    fn of(device: &Device, kind: PoolKind) -> MemPool<'d> {
+        MemPool { device: device.clone(), _device: PhantomData, kind }
     }
 
     /// What serves the pool.
@@ -110,8 +118,8 @@ impl<'d> MemPool<'d> {
 
     /// The device of the pool.
     #[inline]
-    pub fn device(&self) -> &'d Device {
-        self.device
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Maximum physical memory the pool may hold (rounded to the granularity).
@@ -167,7 +175,7 @@ impl<'d> MemPool<'d> {
         len: usize,
         stream: &'s Stream<'d>,
     ) -> Result<PoolAlloc<'s, T>> {
-        stream.check_device(self.device, "the pool")?;
+        stream.check_device(&self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
         let location = Location::caller();
         let handle = |g| PoolAlloc::new(self, stream, g, len);
@@ -202,7 +210,7 @@ impl<'d> MemPool<'d> {
         stream: &'s Stream<'d>,
         mut on_oom: impl FnMut(&OutOfMemory) -> OomAction,
     ) -> Result<PoolAlloc<'s, T>> {
-        stream.check_device(self.device, "the pool")?;
+        stream.check_device(&self.device, "the pool")?;
         let location = Location::caller();
         let bytes = bytes_for::<T>(len)?;
         let handle = |g| PoolAlloc::new(self, stream, g, len);
@@ -217,7 +225,7 @@ impl<'d> MemPool<'d> {
     // path makes its handle where it got the block: merging the paths' blocks first costs
     // moves on the ring's path.
     #[inline]
-    fn allocate_typed<H>(
+    pub(super) fn allocate_typed<H>(
         &self,
         bytes: u64,
         stream: &Stream<'_>,
@@ -245,7 +253,7 @@ impl<'d> MemPool<'d> {
     /// # Errors
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
-        stream.check_device(self.device, "the pool")?;
+        stream.check_device(&self.device, "the pool")?;
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
@@ -268,7 +276,7 @@ impl<'d> MemPool<'d> {
     /// [`Error::InvalidArgument`] for a pointer that is not the start of a live raw block of
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
-        stream.check_device(self.device, "the pool")?;
+        stream.check_device(&self.device, "the pool")?;
         let cores = match self.backend() {
             Backend::Engine(cores) => cores,
             Backend::Native(native) => return native.free(ptr, stream, &[]),
@@ -389,6 +397,15 @@ impl<'d> MemPool<'d> {
         stream: &Stream<'_>,
         allocations: &mut [&mut PoolAlloc<'_, T>],
     ) -> Result<usize> {
+        self.compact_handles(stream, allocations)
+    }
+
+    /// [`compact`](Self::compact) for either handle type.
+    pub(super) fn compact_handles<A: Relocatable>(
+        &self,
+        stream: &Stream<'_>,
+        allocations: &mut [&mut A],
+    ) -> Result<usize> {
         self.take_sticky()?;
         let Backend::Engine(cores) = self.backend() else {
             return Err(Error::Driver(DriverError::Unsupported(
@@ -399,7 +416,8 @@ impl<'d> MemPool<'d> {
             if !std::ptr::eq(a.pool(), self) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
             }
-            if a.stream_slot() != stream.slot() || !a.stream().device().same_as(stream.device()) {
+            let own = a.stream();
+            if own.slot() != stream.slot() || !own.device().same_as(stream.device()) {
                 return Err(Error::InvalidArgument(
                     "compact: every allocation must belong to the stream".into(),
                 ));

@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::alloc::MAX_POOL_BYTES;
 use super::api::MemPool;
 use super::core::{CoreSpec, PoolCore};
+use super::handle::MAX_POOL_BYTES;
 use super::native::NativePool;
+use super::owned::OwnedPool;
 use super::policy::{OomAction, OomHook, ReusePolicy, Settings};
 use super::shards::{Budget, Shards, MAX_STREAM_SHARDS};
 use crate::device::Device;
@@ -264,7 +265,33 @@ impl MemPoolBuilder {
     /// # Errors
     /// [`Error::InvalidConfig`] for a bad alignment, a max size above device memory or a
     /// threshold above the max size; backend failures.
-    pub fn build(mut self, device: &Device) -> Result<MemPool<'_>> {
+    pub fn build(self, device: &Device) -> Result<MemPool<'_>> {
+        self.build_pool(device)
+    }
+
+    /// Builds the pool as an [`OwnedPool`]: `'static`, `Send + Sync`, shared by cloning (an
+    /// `Arc` inside), for engines that keep their pools in structs, threads and tasks.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let weights = MemPool::builder().max_size(1 << 30).build_owned(&dev)?;
+    /// let s = dev.create_owned_stream()?;
+    /// let w = weights.upload(&[0.5f32; 1024], &s)?;   // OwnedAlloc<f32>
+    /// std::thread::spawn(move || drop(w)).join().unwrap();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`build`](Self::build).
+    pub fn build_owned(self, device: &Device) -> Result<OwnedPool> {
+        Ok(OwnedPool::new(self.build_pool(device)?))
+    }
+
+    /// Builds the pool for a caller that chooses the lifetime it claims.
+    fn build_pool<'d>(mut self, device: &Device) -> Result<MemPool<'d>> {
         if self.passthrough {
             self.reuse = ReusePolicy::NONE;
             self.release_threshold = Some(0);

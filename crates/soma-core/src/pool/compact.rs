@@ -1,9 +1,9 @@
 //! Compaction ([`MemPool::compact`](super::MemPool::compact)): moving a stream's allocations
 //! to the lowest free addresses below them, with stream-ordered device-to-device copies.
 
-use super::alloc::PoolAlloc;
 use super::allocate::insert_dependency;
 use super::free::wait_for_uses;
+use super::handle::Relocatable;
 use super::order::Order;
 use super::shards::Cores;
 use crate::engine::FreeTag;
@@ -14,10 +14,10 @@ use crate::stream::Stream;
 impl Cores<'_> {
     /// Moves each of `allocations` (all of this pool and of `stream`, checked by the caller)
     /// to a lower free block of its shard, if there is one; returns how many moved.
-    pub(super) fn compact<T: bytemuck::Pod + Send + Sync>(
+    pub(super) fn compact<A: Relocatable>(
         self,
         stream: &Stream<'_>,
-        allocations: &mut [&mut PoolAlloc<'_, T>],
+        allocations: &mut [&mut A],
     ) -> Result<usize> {
         let mut order_idx: Vec<usize> = (0..allocations.len()).collect();
         order_idx.sort_by_key(|&i| allocations[i].device_ptr());
@@ -49,12 +49,12 @@ impl Cores<'_> {
                 core.hal().annotate(PoolAnnotation::Alloc {
                     pool: core.id,
                     ptr: new_ptr,
-                    size: a.byte_len_internal(),
+                    size: a.byte_len(),
                     stream: stream.id(),
                     position: stream.hal().enqueued(),
                 });
             }
-            if let Err(e) = stream.hal().copy_d2d(new_ptr, a.device_ptr(), a.byte_len_internal()) {
+            if let Err(e) = stream.hal().copy_d2d(new_ptr, a.device_ptr(), a.byte_len()) {
                 if core.annotate {
                     core.hal().annotate(PoolAnnotation::Free {
                         pool: core.id,

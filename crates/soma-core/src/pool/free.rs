@@ -4,9 +4,9 @@
 
 use std::panic::Location;
 
-use super::alloc::StreamUse;
 use super::core::{HistoryEntry, PoolCore};
 use super::free_ring::RingedFree;
+use super::handle::StreamUse;
 use crate::engine::{BlockId, BlockState, FreeError, FreeTag};
 use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, PoolAnnotation};

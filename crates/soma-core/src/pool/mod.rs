@@ -17,7 +17,10 @@
 //! | `compact.rs` | moving allocations down |
 //! | `teardown.rs` | the end of a pool |
 //! | `native.rs` | the driver's own pool behind the same API |
-//! | `alloc.rs` | [`PoolAlloc`], the typed allocation |
+//! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
+//! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
+//! | `owned.rs` | [`OwnedPool`] and [`OwnedAlloc`]: the same, `'static`, for long-lived engines |
+//! | `transfer.rs` | allocations that start with known contents (zeros, an upload) |
 //! | `attr.rs`, `stats.rs`, `observe_api.rs` | attributes, counters, snapshots and history |
 
 mod alloc;
@@ -30,19 +33,23 @@ mod compact;
 mod core;
 mod free;
 pub mod free_ring;
+mod handle;
 mod native;
 mod observe_api;
 mod oom;
 mod order;
+mod owned;
 mod passthrough;
 mod policy;
 mod release;
 mod shards;
 mod stats;
 mod teardown;
+mod transfer;
 
 pub use alloc::PoolAlloc;
 pub use api::MemPool;
 pub use builder::MemPoolBuilder;
+pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};
 pub use stats::{PoolStats, ReuseCounts};

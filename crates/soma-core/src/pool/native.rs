@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::alloc::StreamUse;
 use super::allocate::Granted;
 use super::attr::{
     Attribute as _, ReleaseThreshold, ReservedMemCurrent, ReservedMemHigh,
@@ -16,6 +15,7 @@ use super::attr::{
 };
 use super::core::CoreSpec;
 use super::free::wait_for_uses;
+use super::handle::StreamUse;
 use super::oom::retry_after_oom;
 use super::policy::{
     OomAction, OomHook, ReusePolicy, Settings, FOLLOW_EVENT_DEPENDENCIES, INTERNAL_DEPENDENCIES,

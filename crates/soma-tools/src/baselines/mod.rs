@@ -4,6 +4,7 @@
 //! |---|---|---|---|
 //! | [`SomaApi`] | soma's public API: `alloc_async::<u8>` → `PoolAlloc` dropped to free, on the software NPU | pool alignment (512 B default) | the pool's `reserved_high` (physical memory mapped, high-water) |
 //! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)`: growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
+//! | [`SomaOwned`] | soma's owned API: `OwnedPool::alloc_async::<u8>` on an `OwnedStream` → `OwnedAlloc` dropped to free | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaEngine`] | soma's engine alone, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |
 //! | [`SomaEngine`] named `soma-engine-retain` ([`SomaEngine::with_recycling`]`(…, false)`) | the engine alone with `Engine::set_recycle_on_growth(false)`: growth only maps | 512 B | the engine's `reserved_high` |
 //! | [`OffsetAlloc`] | the `offset-allocator` crate (Sebastian Aaltonen's O(1) offset allocator) | 512 B units (its sizes are `u32`) | high-water end offset, rounded up to 2 MiB |
@@ -36,7 +37,7 @@ mod tlsf;
 pub use driver::DriverPath;
 pub use first_fit::FirstFit;
 pub use offset::OffsetAlloc;
-pub use soma_pool::{SomaApi, SomaEngine};
+pub use soma_pool::{SomaApi, SomaEngine, SomaOwned};
 pub use soma_replica::SomaReplica;
 pub use tlsf::Tlsf;
 

@@ -1,6 +1,6 @@
 //! soma itself: the engine alone over a counting fake backing, and the public API.
 
-use soma::{MemPool, PoolAlloc, Stream};
+use soma::{MemPool, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, Stream};
 use soma_core::engine::{BlockId, Engine, EngineConfig, EngineStats, FreeTag};
 use soma_engine::testing::{FakeBacking, TestOrder};
 
@@ -131,6 +131,47 @@ impl<'s, 'd: 's> Allocator for SomaApi<'s, 'd> {
     }
     #[inline]
     fn free(&mut self, handle: PoolAlloc<'s, u8>) {
+        drop(handle);
+    }
+    fn reserved_high(&self) -> u64 {
+        self.pool.stats().reserved_high
+    }
+    fn driver_calls(&self) -> Option<(u64, u64)> {
+        let st = self.pool.stats();
+        Some((st.map_calls, st.unmap_calls))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// soma: owned handles
+
+/// soma's owned API on one stream: `pool.alloc_async::<u8>(bytes, &stream)` of an
+/// [`OwnedPool`] on an [`OwnedStream`], freed by dropping the [`OwnedAlloc`] — what a
+/// long-lived engine does.
+#[derive(Debug)]
+pub struct SomaOwned {
+    pool: OwnedPool,
+    stream: OwnedStream,
+}
+
+impl SomaOwned {
+    /// Drives `pool` with allocations for `stream`.
+    pub fn new(pool: OwnedPool, stream: OwnedStream) -> Self {
+        SomaOwned { pool, stream }
+    }
+}
+
+impl Allocator for SomaOwned {
+    type Handle = OwnedAlloc<u8>;
+    fn name(&self) -> &'static str {
+        "soma-owned"
+    }
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Option<OwnedAlloc<u8>> {
+        self.pool.alloc_async::<u8>(bytes as usize, &self.stream).ok()
+    }
+    #[inline]
+    fn free(&mut self, handle: OwnedAlloc<u8>) {
         drop(handle);
     }
     fn reserved_high(&self) -> u64 {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
-//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-engine | offset-allocator | tlsf
+//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
 //! ```
 //!
@@ -21,7 +21,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use soma::MemPool;
-use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, Tlsf};
+use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, Tlsf};
 use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
 
 fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
@@ -85,7 +85,9 @@ fn main() {
         return;
     }
     let [which, live, n] = args.as_slice() else {
-        eprintln!("usage: soma-hotpath soma|soma-engine|offset-allocator|tlsf LIVE PAIRS");
+        eprintln!(
+            "usage: soma-hotpath soma|soma-owned|soma-engine|offset-allocator|tlsf LIVE PAIRS"
+        );
         std::process::exit(2);
     };
     let live: usize = live.parse().expect("LIVE");
@@ -98,6 +100,13 @@ fn main() {
             let s = dev.create_stream().expect("stream");
             let pool = MemPool::builder().build(&dev).expect("pool");
             pairs(SomaApi::new(&pool, &s), live, n);
+        }
+        "soma-owned" => {
+            let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
+            let dev = npu.device(0).expect("device");
+            let s = dev.create_owned_stream().expect("stream");
+            let pool = MemPool::builder().build_owned(&dev).expect("pool");
+            pairs(SomaOwned::new(pool, s), live, n);
         }
         "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n),
         "offset-allocator" => pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n),

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -99,6 +100,8 @@ pub(crate) struct MemState {
     mallocs: BTreeMap<u64, u64>,
     /// Native pool allocations: start → (length, pool key).
     pool_allocs: BTreeMap<u64, (u64, u64)>,
+    /// `aclrtMallocHost` allocations: start → length.
+    host_allocs: BTreeMap<u64, u64>,
 }
 
 impl MemState {
@@ -720,6 +723,42 @@ impl DeviceHal for AscendDevice {
         // SAFETY: `ptr` came from `aclrtMalloc` of `acl`, is not freed and no task uses it.
         unsafe { raw::mem::free(&d.acl, dev_ptr(ptr)) }.map_err(map_call_err)?;
         mem.mallocs.remove(&ptr.addr());
+        Ok(())
+    }
+
+    fn malloc_host(&self, size: u64) -> DriverResult<NonNull<u8>> {
+        let d = &self.inner;
+        d.check_err()?;
+        if size == 0 {
+            return Err(DriverError::InvalidValue("malloc_host of 0 bytes".into()));
+        }
+        d.enter()?;
+        let p = raw::mem::malloc_host(&d.acl, to_usize(size)?)
+            .map_err(|e| map_alloc_err(e, size, || 0))?;
+        let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
+            return Err(DriverError::Native {
+                code: 0,
+                message: "aclrtMallocHost returned success and a null pointer".into(),
+            });
+        };
+        lock(&d.mem).host_allocs.insert(p as u64, size);
+        Ok(ptr)
+    }
+
+    unsafe fn free_host(&self, ptr: NonNull<u8>) -> DriverResult<()> {
+        let d = &self.inner;
+        d.enter()?;
+        let mut mem = lock(&d.mem);
+        let addr = ptr.as_ptr() as u64;
+        if !mem.host_allocs.contains_key(&addr) {
+            return Err(DriverError::InvalidValue(format!(
+                "{addr:#x} is not page-locked memory of this device (or was freed already)"
+            )));
+        }
+        // SAFETY: from `aclrtMallocHost` of `acl` (in the table), not freed yet; the caller
+        // guarantees nothing uses it.
+        unsafe { raw::mem::free_host(&d.acl, ptr.as_ptr().cast()) }.map_err(map_call_err)?;
+        mem.host_allocs.remove(&addr);
         Ok(())
     }
 

@@ -80,4 +80,4 @@ pub use ascend_sys::{Acl, AclError, LoadError};
 pub use device::{device_count, devices, forget_current_device, AscendDevice, DEFAULT_GRANULARITY};
 pub use event::AscendEvent;
 pub use native_pool::{attr_width, AttrWidth, NativePool};
-pub use stream::AscendStream;
+pub use stream::{AscendStream, AscendStreamExt};

@@ -309,6 +309,25 @@ pub(crate) mod mem {
         check(acl, "aclrtFree", unsafe { f(p) })
     }
 
+    /// `aclrtMallocHost`: page-locked host memory.
+    pub(crate) fn malloc_host(acl: &Acl, size: usize) -> CallResult<*mut c_void> {
+        let f = sym!(acl, aclrtMallocHost)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer.
+        check(acl, "aclrtMallocHost", unsafe { f(&mut p, size) })?;
+        Ok(p)
+    }
+
+    /// `aclrtFreeHost`.
+    ///
+    /// # Safety
+    /// `p` came from `aclrtMallocHost` of `acl`, is not freed yet and nothing uses it.
+    pub(crate) unsafe fn free_host(acl: &Acl, p: *mut c_void) -> CallResult<()> {
+        let f = sym!(acl, aclrtFreeHost)?;
+        // SAFETY: the caller guarantees `p`.
+        check(acl, "aclrtFreeHost", unsafe { f(p) })
+    }
+
     /// `aclrtMemcpy(dst, count, src, count, kind)` (synchronous).
     ///
     /// # Safety

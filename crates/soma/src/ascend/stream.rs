@@ -188,6 +188,33 @@ pub(crate) extern "C" fn host_fn_trampoline(args: *mut c_void) {
     stream.mark_completed(position);
 }
 
+/// The raw `aclrtStream` of a soma [`Stream`](soma_core::Stream) of the ascend backend, for
+/// operators soma does not launch (aclnn, ATB, custom kernels): `use
+/// soma::ascend::AscendStreamExt as _; let raw = stream.as_raw()?;`.
+///
+/// Work enqueued on the raw handle is ordered like soma's own work on the stream; handing
+/// the handle out makes every later free on the stream wait for it (see
+/// [`Stream::expect_foreign_work`](soma_core::Stream::expect_foreign_work)). A buffer used by
+/// such work on a stream other than its own needs
+/// [`record_use`](soma_core::BufferOwner::record_use) before the work is enqueued.
+pub trait AscendStreamExt {
+    /// The stream's `aclrtStream`.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a stream of another backend.
+    fn as_raw(&self) -> DriverResult<aclrtStream>;
+}
+
+impl AscendStreamExt for soma_core::Stream<'_> {
+    fn as_raw(&self) -> DriverResult<aclrtStream> {
+        let stream = self.hal().as_any().downcast_ref::<AscendStream>().ok_or_else(|| {
+            DriverError::InvalidHandle(format!("stream {} is not an ascend stream", self.id()))
+        })?;
+        self.expect_foreign_work();
+        Ok(stream.shared.raw.0)
+    }
+}
+
 /// A stream of an [`AscendDevice`](super::AscendDevice): implements [`StreamHal`].
 ///
 /// Dropping it synchronizes it (`aclrtSynchronizeStream`), then destroys it
@@ -301,6 +328,13 @@ impl StreamHal for AscendStream {
 
     fn completed(&self) -> u64 {
         self.shared.completed()
+    }
+
+    fn note_foreign_work(&self) {
+        // A position without a driver task: only an observation that covers the foreign work
+        // (a synchronize, a query, a later record or host function completing) reaches it.
+        let _g = lock(&self.shared.enqueue);
+        self.shared.enqueued.fetch_add(1, Ordering::AcqRel);
     }
 
     fn synchronize(&self) -> DriverResult<()> {

@@ -1,0 +1,379 @@
+//! What an allocation handle holds, whichever way it holds its pool and stream: the block,
+//! its length, and the uses on other streams; and the operations both handle types share
+//! (freeing, recording a use, moving to another stream).
+//!
+//! [`PoolAlloc`](super::PoolAlloc) borrows its pool and stream; [`OwnedAlloc`](super::OwnedAlloc)
+//! holds counted references. Both are a [`Handle`] with the matching holders, so the hot
+//! paths are the same code.
+
+use std::marker::PhantomData;
+
+use once_cell::race::OnceBox;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use super::allocate::Granted;
+use super::api::MemPool;
+use super::free::TypedFree;
+use crate::engine::{BlockId, StreamSlot};
+use crate::error::Result;
+use crate::hal::DevicePtr;
+use crate::stream::Stream;
+
+/// A use of an allocation on another stream: the stream's slot and its global position when
+/// the use was recorded. The position tells the stream apart from a later one in the same slot
+/// (positions of a slot never repeat): a stream that was dropped has drained, and the free
+/// must not wait on whatever stream holds its slot now.
+pub(crate) type StreamUse = (StreamSlot, u64);
+
+/// How a handle holds its pool: a borrow (`PoolAlloc`) or a counted reference (`OwnedAlloc`).
+pub(crate) trait PoolHolder {
+    fn pool(&self) -> &MemPool<'_>;
+}
+
+/// How a handle holds its stream: a borrow or a counted reference.
+pub(crate) trait StreamHolder {
+    fn stream(&self) -> &Stream<'_>;
+}
+
+impl<'s> PoolHolder for &'s MemPool<'s> {
+    #[inline]
+    fn pool(&self) -> &MemPool<'_> {
+        self
+    }
+}
+
+impl<'s> StreamHolder for &'s Stream<'s> {
+    #[inline]
+    fn stream(&self) -> &Stream<'_> {
+        self
+    }
+}
+
+/// An allocation's state. It has no `Drop`: the handle types free it in theirs.
+pub(crate) struct Handle<P, S, T> {
+    pub(crate) pool: P,
+    pub(crate) stream: S,
+    /// The engine's block; `None` for a native (CANN) pool, which frees by pointer.
+    pub(crate) block: Option<BlockId>,
+    pub(crate) ptr: DevicePtr,
+    /// The length in elements, and in the top [`SHARD_BITS`] bits the pool's shard that
+    /// holds the block (see [`LenAndShard`]).
+    pub(crate) len_shard: LenAndShard,
+    /// Other streams that used the block since it was allocated.
+    pub(crate) uses: OtherUses,
+    pub(crate) _elem: PhantomData<fn() -> T>,
+}
+
+/// Bits of [`LenAndShard`] that hold the shard.
+const SHARD_BITS: u32 = 8;
+/// Bits of [`LenAndShard`] that hold the length.
+const LEN_BITS: u32 = u64::BITS - SHARD_BITS;
+
+/// A pool's largest `max_size` (64 PiB): every allocation's length, in elements of at least
+/// one byte, then fits in [`LenAndShard`]'s [`LEN_BITS`] bits.
+pub(crate) const MAX_POOL_BYTES: u64 = 1 << LEN_BITS;
+
+/// An allocation's length and its shard in one word. Callers keep arrays of handles and touch
+/// one at random on every free: at 48 bytes a handle spans 1.5 cache lines on average, at
+/// the 56 bytes of separate fields 1.75.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LenAndShard(u64);
+
+impl LenAndShard {
+    /// Marks a handle whose block was already freed or moved (its `Drop` then does nothing):
+    /// shard 255, which no pool has (at most [`MAX_STREAM_SHARDS`](super::MAX_STREAM_SHARDS)).
+    pub(crate) const RELEASED: LenAndShard = LenAndShard(u64::MAX);
+
+    #[inline]
+    fn new(len: usize, shard: u8) -> LenAndShard {
+        // A block is at most `max_size <= MAX_POOL_BYTES` bytes long (`MemPool::build`).
+        debug_assert!((len as u64) < MAX_POOL_BYTES);
+        LenAndShard(len as u64 | u64::from(shard) << LEN_BITS)
+    }
+
+    #[inline]
+    fn len(self) -> usize {
+        (self.0 & (MAX_POOL_BYTES - 1)) as usize
+    }
+
+    #[inline]
+    fn shard(self) -> u8 {
+        (self.0 >> LEN_BITS) as u8
+    }
+}
+
+impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
+    #[inline]
+    pub(crate) fn new(pool: P, stream: S, granted: Granted, len: usize) -> Self {
+        Handle {
+            pool,
+            stream,
+            block: granted.block,
+            ptr: granted.ptr,
+            len_shard: LenAndShard::new(len, granted.shard),
+            uses: OtherUses::default(),
+            _elem: PhantomData,
+        }
+    }
+
+    /// Frees the block onto its stream after `uses` (the caller's drained use list), for a
+    /// handle's `Drop` or `free`.
+    #[inline]
+    pub(crate) fn release(
+        &self,
+        uses: &[StreamUse],
+        location: Option<&'static std::panic::Location<'static>>,
+    ) -> Result<()> {
+        self.pool.pool().free_typed(&TypedFree {
+            block: self.block,
+            ptr: self.ptr,
+            bytes: self.byte_len(),
+            shard: self.shard(),
+            stream: self.stream.stream(),
+            uses,
+            location,
+        })
+    }
+
+    /// What a handle's `Drop` does: frees the block, keeping a failure for the pool's next
+    /// fallible call (a `Drop` never panics and never prints).
+    #[inline]
+    pub(crate) fn release_on_drop(&self) {
+        let uses = self.uses.drain();
+        if let Err(e) = self.release(uses.as_deref().unwrap_or_default(), None) {
+            self.pool.pool().set_sticky(self.shard(), e);
+        }
+    }
+
+    /// Makes `to` wait for everything enqueued on the allocation's stream so far: `to` may
+    /// then use the allocation and free it.
+    pub(crate) fn order_before(&self, to: &Stream<'_>) -> Result<()> {
+        to.check_device(self.pool.pool().device(), "hand_off: the target stream")?;
+        let event = self.stream.stream().record_event()?;
+        to.wait_event(&event)
+    }
+
+    /// The use list without the uses of the stream in `slot`, which takes the allocation
+    /// over (its own work is ordered by stream order).
+    pub(crate) fn uses_without(&self, slot: StreamSlot) -> OtherUses {
+        let mut uses = self.uses.take();
+        uses.retain(|u| u.0 != slot);
+        OtherUses::from_list(uses)
+    }
+
+    /// Moves the allocation to stream `to` (one event on its stream, waited on by `to`),
+    /// keeping the handle where it is.
+    pub(crate) fn hand_off_in_place(&mut self, to: S) -> Result<()> {
+        self.order_before(to.stream())?;
+        self.uses = self.uses_without(to.stream().slot());
+        self.stream = to;
+        Ok(())
+    }
+
+    /// Moves every handle of `allocations` to stream `to` with one event per distinct stream
+    /// they are on (usually one). All are ordered before any is rebound, so on an error none
+    /// has moved.
+    pub(crate) fn hand_off_all<'a>(
+        allocations: impl IntoIterator<Item = &'a mut Self>,
+        to: &S,
+    ) -> Result<()>
+    where
+        Self: 'a,
+        S: Clone,
+    {
+        let allocations: SmallVec<[&mut Self; 16]> = allocations.into_iter().collect();
+        let target = to.stream();
+        // Streams already ordered before `target`, by address: a stream is one object.
+        let mut ordered: SmallVec<[*const (); 4]> = SmallVec::new();
+        for a in &allocations {
+            let from = a.stream.stream();
+            let key = std::ptr::from_ref(from).cast::<()>();
+            if std::ptr::eq(from, target) || ordered.contains(&key) {
+                continue;
+            }
+            a.order_before(target)?;
+            ordered.push(key);
+        }
+        for a in allocations {
+            if !std::ptr::eq(a.stream.stream(), target) {
+                a.uses = a.uses_without(target.slot());
+                a.stream = to.clone();
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a use of the allocation by work on `stream` (see
+    /// [`BufferOwner::record_use`](crate::BufferOwner::record_use)).
+    pub(crate) fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
+        let own = self.stream.stream();
+        // Before anything is enqueued: a refused call leaves both streams untouched.
+        stream.check_device(self.pool.pool().device(), "the allocation")?;
+        if stream.slot() == own.slot() {
+            return Ok(());
+        }
+        let mut uses = self.uses.list().lock();
+        let known = uses.iter().position(|u| u.0 == stream.slot());
+        // Recorded by this stream, or by a dropped one whose slot it took (an older position).
+        if known.is_some_and(|i| uses[i].1 >= stream.base()) {
+            return Ok(());
+        }
+        // First use on this stream: order it after the allocation point. The block may have
+        // been reused on the allocation's stream while its previous owner's work is still
+        // queued there; only stream order makes it this allocation's memory.
+        let event = own.record_event()?;
+        stream.wait_event(&event)?;
+        let now = (stream.slot(), stream.position());
+        match known {
+            Some(i) => uses[i] = now,
+            None => uses.push(now),
+        }
+        Ok(())
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len_shard.len()
+    }
+
+    /// Size in bytes as requested (the block is this rounded up to the pool's alignment).
+    #[inline]
+    pub(crate) fn byte_len(&self) -> u64 {
+        (self.len() * std::mem::size_of::<T>()) as u64
+    }
+
+    /// The shard of the pool that holds the block.
+    #[inline]
+    pub(crate) fn shard(&self) -> u8 {
+        self.len_shard.shard()
+    }
+
+    pub(crate) fn fmt_as(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("ptr", &self.ptr)
+            .field("len", &self.len())
+            .field("elem", &std::any::type_name::<T>())
+            .field("stream", &self.stream.stream().id())
+            .finish()
+    }
+}
+
+/// What compaction needs of an allocation handle, whichever way it holds pool and stream.
+pub(crate) trait Relocatable {
+    /// The pool the allocation came from.
+    fn pool(&self) -> &MemPool<'_>;
+    /// The stream the allocation is freed onto.
+    fn stream(&self) -> &Stream<'_>;
+    /// The shard that holds the block.
+    fn shard(&self) -> u8;
+    /// The engine's block (`None` for a native pool).
+    fn block(&self) -> Option<BlockId>;
+    /// First byte on the device.
+    fn device_ptr(&self) -> DevicePtr;
+    /// Bytes as requested.
+    fn byte_len(&self) -> u64;
+    /// The other streams that used the allocation so far.
+    fn uses_snapshot(&self) -> SmallVec<[StreamUse; 2]>;
+    /// Points the allocation at a new block; returns the uses recorded on the old one.
+    fn relocate(&mut self, block: BlockId, ptr: DevicePtr) -> SmallVec<[StreamUse; 2]>;
+}
+
+impl<P: PoolHolder, S: StreamHolder, T> Relocatable for Handle<P, S, T> {
+    fn pool(&self) -> &MemPool<'_> {
+        self.pool.pool()
+    }
+    fn stream(&self) -> &Stream<'_> {
+        self.stream.stream()
+    }
+    fn shard(&self) -> u8 {
+        self.len_shard.shard()
+    }
+    fn block(&self) -> Option<BlockId> {
+        self.block
+    }
+    fn device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    fn byte_len(&self) -> u64 {
+        Handle::byte_len(self)
+    }
+    fn uses_snapshot(&self) -> SmallVec<[StreamUse; 2]> {
+        self.uses.snapshot()
+    }
+    fn relocate(&mut self, block: BlockId, ptr: DevicePtr) -> SmallVec<[StreamUse; 2]> {
+        self.block = Some(block);
+        self.ptr = ptr;
+        self.uses.take()
+    }
+}
+
+/// The other streams that used an allocation. Most allocations are only ever used on their
+/// own stream, so the handle holds one null word until the first use elsewhere boxes a list
+/// (a `Mutex<SmallVec>` inline would make `PoolAlloc` 32 bytes larger, and the caller's
+/// arrays of handles are what a workload touches on every free).
+#[derive(Default)]
+pub(crate) struct OtherUses(OnceBox<Mutex<SmallVec<[StreamUse; 2]>>>);
+
+impl OtherUses {
+    pub(crate) fn from_list(list: SmallVec<[StreamUse; 2]>) -> Self {
+        let uses = OtherUses::default();
+        if !list.is_empty() {
+            // A fresh cell is empty, so `set` cannot fail.
+            let _ = uses.0.set(Box::new(Mutex::new(list)));
+        }
+        uses
+    }
+
+    /// The list, created by the first use on another stream.
+    fn list(&self) -> &Mutex<SmallVec<[StreamUse; 2]>> {
+        self.0.get_or_init(|| Box::new(Mutex::new(SmallVec::new())))
+    }
+
+    fn snapshot(&self) -> SmallVec<[StreamUse; 2]> {
+        self.0.get().map(|l| l.lock().clone()).unwrap_or_default()
+    }
+
+    /// Empties the set, returning what it held; `None` (nothing built or moved, the common
+    /// case) when no other stream used the allocation.
+    // Inline: a handle's drop is instantiated in the caller's crate.
+    #[inline]
+    pub(crate) fn drain(&self) -> Option<SmallVec<[StreamUse; 2]>> {
+        self.0.get().map(|l| std::mem::take(&mut *l.lock()))
+    }
+
+    /// [`OtherUses::drain`], an empty list when there was none.
+    #[inline]
+    pub(crate) fn take(&self) -> SmallVec<[StreamUse; 2]> {
+        self.drain().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_and_shard_share_a_word_without_mixing() {
+        for (len, shard) in [(1, 0), (7, 63), ((MAX_POOL_BYTES - 1) as usize, 3), (1 << 40, 128)] {
+            let p = LenAndShard::new(len, shard);
+            assert_eq!((p.len(), p.shard()), (len, shard));
+            assert!(p != LenAndShard::RELEASED);
+        }
+    }
+
+    #[test]
+    fn other_uses_box_only_when_used_and_take_empties_them() {
+        let uses = OtherUses::default();
+        assert!(uses.0.get().is_none() && uses.drain().is_none());
+        assert!(uses.snapshot().is_empty());
+        uses.list().lock().push((3, 7));
+        assert_eq!(uses.snapshot().as_slice(), &[(3, 7)]);
+        assert_eq!(uses.take().as_slice(), &[(3, 7)]);
+        assert!(uses.take().is_empty() && uses.drain().is_some_and(|l| l.is_empty()));
+        let moved = OtherUses::from_list(SmallVec::from_slice(&[(1, 0)]));
+        assert_eq!(moved.snapshot().as_slice(), &[(1, 0)]);
+        assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());
+    }
+}
