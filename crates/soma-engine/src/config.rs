@@ -66,10 +66,10 @@ impl EngineConfig {
 }
 
 impl Engine {
-    /// Bounds the size of one mapping (one segment). By default a growth of `n` bytes maps
-    /// segments of the largest power of two `<= n / 4` (at least one granule), aligned to
-    /// their size; `bytes` caps that further (rounded up to a power of two, at least one
-    /// granule; 0 restores the default). Smaller segments let recycling and
+    /// Bounds the size of one mapping (one segment). By default a growth is cut into as many
+    /// segments of equal size in whole granules as [`Engine::set_segments_per_growth`]
+    /// says; `bytes` (rounded up to a power of two, at least one granule; 0 restores the
+    /// default) raises that count until no segment is larger. Smaller segments let recycling and
     /// [`Engine::release`] return memory more finely — one granule per segment gives the
     /// least fragmentation — at the cost of more driver calls.
     pub fn set_max_segment(&mut self, bytes: u64) {
@@ -80,12 +80,15 @@ impl Engine {
         };
     }
 
-    /// Into how many segments (each unmapped whole) a growth is mapped, at least 1 (default
-    /// 4, doubled up to 16 while recycling falls short for want of finer segments, see
-    /// `growth::MAX_SPLIT_BOOST`; parts of a large block that later hold smaller ones can be
-    /// recycled piecewise; 1: one driver call per growth, for pools of long-lived memory such
-    /// as weights). Setting it fixes the count (no doubling). Segments are never smaller than
-    /// 1/512 of the reserved memory (see `growth::MIN_SEGMENT_FRACTION`).
+    /// Into how many segments (each unmapped whole, one [`Backing::map`] call each) a growth
+    /// is mapped, at least 1 (default 4, doubled up to 16 while recycling falls short for
+    /// want of finer segments, see `growth::MAX_SPLIT_BOOST`; parts of a large block that
+    /// later hold smaller ones can be recycled piecewise; 1: exactly one driver call per
+    /// growth, for pools of long-lived memory such as weights). Setting it fixes the count
+    /// (no doubling). A growth of fewer granules has one segment per granule, and segments
+    /// are never smaller than 1/512 of the reserved memory (see
+    /// `growth::MIN_SEGMENT_FRACTION`), so the count applies exactly to pools below 512
+    /// granules.
     pub fn set_segments_per_growth(&mut self, n: u64) {
         self.segments_per_growth = n.max(1);
         self.segments_fixed = true;

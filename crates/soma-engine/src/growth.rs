@@ -10,9 +10,9 @@ use crate::{
     Allocation, Backing, BackingError, Engine, ReuseKind, Segment, StreamOrder, StreamSlot,
 };
 
-/// A growth maps its granules as about this many segments (each a power of two of at least
-/// one granule, aligned to its size), so that parts of a large block that later hold smaller
-/// ones can be recycled piecewise. Measured on the PyTorch traces: 1 segment per growth gives
+/// A growth maps its granules as this many segments of equal size in whole granules (fewer
+/// when it has fewer granules, see `Engine::segment_count`), so that parts of a large block
+/// that later hold smaller ones can be recycled piecewise. Measured on the PyTorch traces: 1 segment per growth gives
 /// peak reserved / peak used up to 1.088 (BERT), 4 gives ≤ 1.026 at ~6× the map calls, one
 /// segment per granule ≤ 1.018 at ~12× (before recycling took the smallest free blocks first;
 /// 4 now gives ≤ 1.033).
@@ -46,7 +46,7 @@ pub(crate) const MAX_SPLIT_BOOST: u32 = 2;
 pub(crate) const REFINE_ABOVE: u64 = 64;
 
 /// A segment is at least `1 / MIN_SEGMENT_FRACTION` of the memory reserved when it is mapped
-/// (within the growth's size): finer pieces of a large pool save little memory (each at most
+/// (a growth smaller than that is one segment): finer pieces of a large pool save little memory (each at most
 /// 0.2 % of it) but cost a map and later an unmap each. Only pools above 512 granules (1 GiB
 /// of 2 MiB granules) are affected. Measured: on RMM's `random_allocations` (about 17 GiB
 /// reserved) 2-5x fewer remaps per warm replay for a 1-2 % higher peak (still below TLSF's);
@@ -275,23 +275,26 @@ impl Engine {
         best.or(new_run)
     }
 
-    /// The segment size for a growth of `len` bytes: the largest power of two of at most
-    /// `max(len / (segments per growth << split boost), granularity,
-    /// min(len, reserved / MIN_SEGMENT_FRACTION))`, at most `max_segment` (if set).
-    fn segment_size(&self, len: u64) -> u64 {
-        let floor = (self.stats.reserved / MIN_SEGMENT_FRACTION).min(len);
-        let c = (len / (self.segments_per_growth << self.split_boost))
-            .max(self.cfg.granularity)
-            .max(floor);
-        let pow2 = 1u64 << (63 - c.leading_zeros());
-        match self.max_segment {
-            0 => pow2,
-            m => pow2.min(m),
-        }
+    /// Into how many segments a mapping of `len` bytes (whole granules) is cut: the segments
+    /// per growth (doubled per `split_boost`), but no more than there are granules, none
+    /// smaller than `reserved / MIN_SEGMENT_FRACTION` (when that is more than a granule),
+    /// and enough that none exceeds `max_segment` (if set).
+    pub(crate) fn segment_count(&self, len: u64) -> u64 {
+        let g = self.cfg.granularity;
+        let granules = len / g;
+        let smallest = (self.stats.reserved / MIN_SEGMENT_FRACTION).max(g);
+        let count = (self.segments_per_growth << self.split_boost).min(len / smallest).max(1);
+        let at_most = match self.max_segment {
+            0 => 1,
+            m => len.div_ceil(m),
+        };
+        count.max(at_most).min(granules)
     }
 
-    /// Maps `[off, off + len)` as segments of [`Engine::segment_size`] (aligned to it),
-    /// recording `(offset, size, token)` of each; on failure unmaps what it mapped.
+    /// Maps `[off, off + len)` (whole granules) as [`Engine::segment_count`] segments of
+    /// equal size in whole granules (the first ones one granule larger when the granules do
+    /// not divide evenly), recording `(offset, size, token)` of each; on failure unmaps what
+    /// it mapped.
     pub(crate) fn map_chunks<E>(
         &self,
         off: u64,
@@ -299,13 +302,14 @@ impl Engine {
         backing: &mut dyn Backing<Error = E>,
         out: &mut SmallVec<[(u64, u64, u64); 4]>,
     ) -> Result<(), BackingError<E>> {
-        let end = off + len;
+        let g = self.cfg.granularity;
+        let count = self.segment_count(len);
+        let (each, larger) = (len / g / count, len / g % count);
         let mut at = off;
-        let max_seg = self.segment_size(len);
-        while at < end {
-            let chunk_end = (align_down(at, max_seg) + max_seg).min(end);
-            match backing.map(at, chunk_end - at) {
-                Ok(token) => out.push((at, chunk_end - at, token)),
+        for i in 0..count {
+            let size = (each + u64::from(i < larger)) * g;
+            match backing.map(at, size) {
+                Ok(token) => out.push((at, size, token)),
                 Err(e) => {
                     for &(o, l, t) in out.iter().rev() {
                         // Best effort: a failing unmap here leaves memory mapped in the
@@ -316,8 +320,9 @@ impl Engine {
                     return Err(e);
                 }
             }
-            at = chunk_end;
+            at += size;
         }
+        debug_assert_eq!(at, off + len);
         Ok(())
     }
 

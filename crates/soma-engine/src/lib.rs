@@ -98,10 +98,13 @@
 //! the rest of the last granule becomes untagged free memory that small allocations share.
 //! Newly mapped memory the block does not cover stays untagged.
 //!
-//! A growth of `n` bytes is mapped as several segments (one [`Backing::map`] call each): the
-//! largest power of two `<= n / 4`, at least one granule and at least the power of two
-//! below 1/512 of the reserved memory (within `n`), aligned to its size (capped by
-//! [`Engine::set_max_segment`]). Segments are the unit of unmapping, so a large block whose
+//! A growth of `n` bytes (whole granules) is mapped as `k` segments of equal size in whole
+//! granules (the first ones a granule larger when the granules do not divide evenly), one
+//! [`Backing::map`] call each: `k` is the segments per growth (4), but at most one per
+//! granule, few enough that none is smaller than 1/512 of the reserved memory (when that
+//! is more than a granule) and enough that none exceeds [`Engine::set_max_segment`]. A
+//! growth of 10 MiB in 2 MiB granules is four calls (4, 2, 2 and 2 MiB), one of 6 MiB
+//! three. Segments are the unit of unmapping, so a large block whose
 //! space is later reused by smaller ones can still give back its unused quarters. Measured
 //! on the PyTorch traces (see `tests/traces.rs`): one segment per growth leaves peak
 //! reserved / peak used at up to 1.088, four per growth at up to 1.026, one per granule at up

@@ -146,9 +146,10 @@ impl MemPoolBuilder {
     /// Into how many separately releasable segments each growth is mapped (default 4, doubled
     /// up to 16 while recycling falls short for want of finer segments: parts of a large free
     /// block can be recycled piecewise, which keeps reserved memory close to used memory).
-    /// Setting it fixes the count. 1 makes one driver map call per growth — the right choice
-    /// for a pool of long-lived memory such as model weights, where it cuts loading time on
-    /// real drivers.
+    /// Setting it fixes the count. A growth of `g` granules makes exactly `min(n, g)` driver
+    /// map calls, its segments of equal size in whole granules; 1 makes exactly one call per
+    /// growth — the right choice for a pool of long-lived memory such as model weights,
+    /// where it cuts loading time on real drivers.
     /// Segments are never smaller than 1/512 of the memory reserved when they are mapped
     /// (so the count only applies while growths are small against the pool: below 1 GiB of
     /// 2 MiB granules, always).

@@ -137,11 +137,49 @@ fn segments_are_at_least_a_512th_of_the_reserved_memory() {
     assert_eq!(b.maps, 4, "a small pool maps a growth as four segments");
     let big = alloc(&mut e, &mut b, &o, 8192 * MIB, 0);
     let maps = b.maps;
-    // 8224 MiB reserved: a 32 MiB growth is mapped as segments of 16 MiB, not 8 MiB.
-    let x = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
-    assert_eq!(b.maps - maps, 2);
+    // 8224 MiB reserved: segments of at least 16.06 MiB, so a 64 MiB growth is three
+    // segments of whole granules (22, 22 and 20 MiB), not four of 16 MiB.
+    let x = alloc(&mut e, &mut b, &o, 64 * MIB, 0);
+    assert_eq!(b.maps - maps, 3);
+    let sizes: Vec<u64> =
+        b.mappings().filter(|&(off, _)| off >= x.offset).map(|(_, size)| size).collect();
+    assert_eq!(sizes, [22 * MIB, 22 * MIB, 20 * MIB]);
     assert_eq!(e.stats().mapped_segments, b.mappings().count() as u64);
     let _ = (small, big, x);
+}
+
+/// What the contract states: a growth of `n` granules is mapped as `min(segments per
+/// growth, n)` segments on a pool below 512 granules, whatever its size and alignment —
+/// one driver call per growth with one segment per growth.
+#[test]
+fn a_growth_makes_as_many_map_calls_as_it_has_segments() {
+    for (per_growth, mib, calls) in [
+        (4, 2, 1),
+        (4, 6, 3),
+        (4, 10, 4),
+        (4, 12, 4),
+        (4, 14, 4),
+        (4, 24, 4),
+        (4, 100, 4),
+        (1, 6, 1),
+        (1, 10, 1),
+        (1, 24, 1),
+        (1, 100, 1),
+        (1, 1000, 1),
+    ] {
+        let mut e = engine(1024 * G);
+        e.set_segments_per_growth(per_growth);
+        let mut b = backing();
+        let o = TestOrder::default();
+        // An unaligned start: a block of one granule first.
+        alloc(&mut e, &mut b, &o, G, 0);
+        let before = b.maps;
+        alloc(&mut e, &mut b, &o, mib * MIB, 0);
+        assert_eq!(b.maps - before, calls, "{mib} MiB with {per_growth} per growth");
+        let sizes: Vec<u64> = b.mappings().skip(1).map(|(_, size)| size).collect();
+        let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        assert!(max - min <= G, "segments of equal size in whole granules: {sizes:?}");
+    }
 }
 
 #[test]
