@@ -179,8 +179,8 @@ impl Engine {
         self.alloc_uncached(bytes, size, align, stream, order, backing)
     }
 
-    /// [`Engine::alloc`] when no cached block fits: rule 4 first if so configured, growth,
-    /// release and retry, rule 4, out of memory.
+    /// [`Engine::alloc`] when no indexed block fits: a border block, rule 4 first if so
+    /// configured, growth, release and retry, rule 4, out of memory.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
     #[inline(never)]
     fn alloc_uncached<E>(
@@ -192,6 +192,9 @@ impl Engine {
         order: &dyn StreamOrder,
         backing: &mut dyn Backing<Error = E>,
     ) -> Result<Allocation, AllocError<E>> {
+        if let Some(a) = self.take_border(size, align, stream, order) {
+            return Ok(a);
+        }
         if self.dependency_first && order.internal_dependencies() {
             if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
@@ -261,10 +264,34 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }
+        if let Some(a) = self.take_border(size, align, stream, order) {
+            return Ok(Some(a));
+        }
         if with_dependency && order.internal_dependencies() {
             return Ok(self.take_internal_dependency(size, align, stream));
         }
         Ok(None)
+    }
+
+    /// The border block [`Engine::find_border`] picks, carved at its first aligned offset.
+    fn take_border(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Allocation> {
+        let (idx, reuse) = self.find_border(size, align, stream, order)?;
+        Some(self.commit_unindexed(idx, size, align, Grant { reuse, dependency: None }))
+    }
+
+    /// Carves free block `idx` at its first aligned offset the general way, which also
+    /// takes the border block: out of its index (or the border accounting), the rests filed
+    /// again.
+    fn commit_unindexed(&mut self, idx: u32, size: u64, align: u64, grant: Grant) -> Allocation {
+        let start = align_up(self.slab.blocks[idx as usize].offset, align);
+        self.remove_free(idx);
+        self.finish_alloc(idx, start, size, align, grant, false)
     }
 
     /// Rule 4: takes the best other stream's cached block that fits, returning the allocation
@@ -276,7 +303,8 @@ impl Engine {
         stream: StreamSlot,
     ) -> Option<Allocation> {
         let (idx, tag) = self.find_internal_dependency(size, align, stream)?;
-        Some(self.commit_cached(idx, size, align, Some(ReuseKind::InternalDependency), Some(tag)))
+        let grant = Grant { reuse: Some(ReuseKind::InternalDependency), dependency: Some(tag) };
+        Some(self.commit_unindexed(idx, size, align, grant))
     }
 
     /// Frees a live block onto stream `tag.stream` at position `tag.pos` (the stream may
@@ -359,7 +387,8 @@ impl Engine {
                 let start = align_up(c.offset, align);
                 if start + size <= c.end().min(limit) {
                     if let Some(kind) = self.eligible_kind(&c, stream, order) {
-                        return Some(self.commit_cached(cur, size, align, kind, None));
+                        let grant = Grant { reuse: kind, dependency: None };
+                        return Some(self.commit_unindexed(cur, size, align, grant));
                     }
                 }
             }

@@ -61,9 +61,17 @@ pub(super) struct Block {
     /// Live blocks only: log2 of the alignment the block was allocated with.
     pub align_log2: u8,
     /// Indexed free blocks only: the linear size class (`fl * SL + sl`) whose list holds the
-    /// block — its own class or the one just below (see `tlsf.rs`).
+    /// block — its own class or the one just below (see `tlsf.rs`); [`BORDER`] for the border
+    /// block, which no index holds.
     pub cls: u16,
 }
+
+/// `Block::cls` of the *border block*: the free block directly below the unmapped space
+/// that reaches the end of the range (where growth extends the mapped memory). It is in no
+/// free index: the engine serves a request from it only when no indexed block fits (see
+/// `Engine::find_border`), so that placement does not depend on how much memory above the
+/// mapped part of the range has been mapped yet.
+pub(super) const BORDER: u16 = u16::MAX;
 
 /// `Block::stream` of a settled block merged from the frees of more than one stream.
 pub(super) const SETTLED_BY_SEVERAL: u32 = u32::MAX;

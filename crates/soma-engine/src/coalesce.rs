@@ -4,7 +4,7 @@
 
 use smallvec::SmallVec;
 
-use crate::block::{Block, Kind, NIL, SETTLED_BY_SEVERAL};
+use crate::block::{Block, Kind, BORDER, NIL, SETTLED_BY_SEVERAL};
 use crate::tlsf::{self, FreeIndex};
 use crate::{Engine, StreamOrder, StreamSlot};
 
@@ -57,11 +57,16 @@ fn settled_stream(b: &Block, o: &Block) -> StreamSlot {
 
 impl Engine {
     /// Puts free block `idx` (not in any index) into the index of its tag, creating the
-    /// index on the stream's first free.
+    /// index on the stream's first free — or, when the unmapped space at the end of the
+    /// range follows it, makes it the border block (in no index, see [`BORDER`]).
     #[inline(always)]
     pub(crate) fn insert_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
+        if self.below_the_top_hole(b) {
+            self.insert_border(idx);
+            return;
+        }
         let slot = index_slot(b.tagged, b.stream);
         if !matches!(self.indexes.get(slot), Some(Some(_))) {
             self.create_index(slot);
@@ -80,14 +85,69 @@ impl Engine {
         self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
     }
 
-    /// Takes free block `idx` out of its index.
+    /// Whether the unmapped space that reaches the end of the range follows block `b`.
+    #[inline(always)]
+    pub(crate) fn below_the_top_hole(&self, b: &Block) -> bool {
+        b.next != NIL && {
+            let n = &self.slab.blocks[b.next as usize];
+            n.kind == Kind::Unmapped && n.next == NIL
+        }
+    }
+
+    /// Makes free block `idx` (in no index, the top hole after it) the border block.
+    #[cold]
+    #[inline(never)]
+    fn insert_border(&mut self, idx: u32) {
+        // The stream's index exists once it freed, border block or not: it lists the
+        // streams that freed here (`Engine::freeing_streams`).
+        let slot = {
+            let b = &self.slab.blocks[idx as usize];
+            index_slot(b.tagged, b.stream)
+        };
+        if !matches!(self.indexes.get(slot), Some(Some(_))) {
+            self.create_index(slot);
+        }
+        let b = &mut self.slab.blocks[idx as usize];
+        b.cls = BORDER;
+        b.prev_free = NIL;
+        b.next_free = NIL;
+        self.border_bytes.0 += b.size;
+        if b.tagged {
+            self.border_bytes.1 += b.size;
+        }
+    }
+
+    /// Takes free block `idx` out of its index (or out of the border accounting).
     #[inline(always)]
     pub(crate) fn remove_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
+        if b.cls == BORDER {
+            self.remove_border(idx);
+            return;
+        }
         let slot = index_slot(b.tagged, b.stream);
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         ix.remove(&mut self.slab.blocks, idx);
+    }
+
+    /// Takes the border block `idx` out of the border accounting.
+    #[cold]
+    #[inline(never)]
+    fn remove_border(&mut self, idx: u32) {
+        let b = &mut self.slab.blocks[idx as usize];
+        b.cls = 0;
+        self.border_bytes.0 -= b.size;
+        if b.tagged {
+            self.border_bytes.1 -= b.size;
+        }
+    }
+
+    /// Files free block `idx` again after the space after it changed between unmapped and
+    /// mapped: into an index, or as the border block.
+    pub(crate) fn refile_free(&mut self, idx: u32) {
+        self.remove_free(idx);
+        self.insert_free(idx);
     }
 
     /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
@@ -227,6 +287,11 @@ impl Engine {
         };
         let (k, o, ib) =
             (&blocks[keep as usize], &blocks[other as usize], &blocks[indexed as usize]);
+        // The border block, or a merge that would make it (the top hole after `other`), is
+        // filed anew.
+        if ib.cls == BORDER || self.below_the_top_hole(o) {
+            return None;
+        }
         // The merged tag (as `combine_tag`): tagged if either is (same stream when both are,
         // as they merge), keeping the larger position.
         let tag = match (k.tagged, o.tagged) {
@@ -312,15 +377,9 @@ impl Engine {
             for &idx in &due {
                 // An earlier block of the list may have merged this one into itself.
                 let b = &self.slab.blocks[idx as usize];
-                if b.kind != Kind::Free || !b.tagged || b.stream != stream || b.pos >= bound {
-                    continue;
+                if b.kind == Kind::Free && b.tagged && b.stream == stream && b.pos < bound {
+                    self.settle_block(idx);
                 }
-                self.remove_free(idx);
-                let b = &mut self.slab.blocks[idx as usize];
-                b.tagged = false;
-                b.settled = true;
-                b.pos = 0;
-                self.insert_free_coalesce(idx);
             }
             // Merges while settling may index a block here again (one that joined a tagged
             // block of this stream, freed at or above the bound): count after them.
@@ -330,5 +389,22 @@ impl Engine {
             }
             self.settled_below[slot] = (bound, inserts);
         }
+        // The border block, in no index.
+        if let Some(idx) = self.border_block() {
+            let b = &self.slab.blocks[idx as usize];
+            if b.tagged && b.pos < order.eligibility(b.stream).host_observed {
+                self.settle_block(idx);
+            }
+        }
+    }
+
+    /// Untags tagged free block `idx`, settled, and merges it with its neighbours.
+    fn settle_block(&mut self, idx: u32) {
+        self.remove_free(idx);
+        let b = &mut self.slab.blocks[idx as usize];
+        b.tagged = false;
+        b.settled = true;
+        b.pos = 0;
+        self.insert_free_coalesce(idx);
     }
 }

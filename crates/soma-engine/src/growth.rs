@@ -327,7 +327,8 @@ impl Engine {
     }
 
     /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
-    /// (in no index) and records its segments. Returns the new block.
+    /// (in no index) and records its segments; a free block below it is filed in its index
+    /// (it is no longer the border block). Returns the new block.
     pub(crate) fn map_into_hole(
         &mut self,
         off: u64,
@@ -354,6 +355,11 @@ impl Engine {
         m.settled = false;
         m.stream = 0;
         m.pos = 0;
+        // The free block below may have been the border block: mapped memory follows it.
+        let below = m.prev;
+        if below != NIL && self.slab.blocks[below as usize].kind == Kind::Free {
+            self.refile_free(below);
+        }
         let g = self.cfg.granularity;
         for &(o, l, token) in segments {
             self.segments.insert(o, Segment { size: l, token });

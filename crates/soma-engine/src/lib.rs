@@ -22,7 +22,13 @@
 //!   unmapped space.
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
 //!   stream slot that has freed memory, created lazily on that stream's first free, plus one
-//!   for untagged memory. O(1) insert / remove / class search.
+//!   for untagged memory. O(1) insert / remove / class search. Every free block is in the
+//!   index of its tag except the *border block*: the free block directly below the unmapped
+//!   space that reaches the end of the range, where growth extends the mapped memory. It is
+//!   in no index and serves a request only when no indexed block fits (search order, step
+//!   3), like the top chunk of a `malloc`: a workload run again on memory mapped by its first
+//!   run then places every block where that run did, which needs no further mapping (with
+//!   frees on one stream and recycling off, exactly; `tests/border.rs`).
 //! * **Segments**: every [`Backing::map`] call creates one segment; segments are unmapped
 //!   whole, exactly as mapped, and only when every byte is free and no in-flight work can
 //!   touch it (untagged, or [`StreamOrder::is_complete`]). A bitset of segment boundaries
@@ -61,7 +67,9 @@
 //!    order. Best fit across streams; per stream at most [`CROSS_STREAM_BUDGET`] blocks are
 //!    examined when only some of its blocks are eligible (when all are — every `pos` is below
 //!    the bound — the search is the plain O(1) good fit).
-//! 3. **Growth** (maps memory, see below): extending an eligible free block adjacent to
+//! 3. **The border block**, if the request fits it and `T` may use it (own, untagged, or
+//!    eligible as in step 2). O(log holes).
+//! 4. **Growth** (maps memory, see below): extending an eligible free block adjacent to
 //!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping
 //!    above the all-time reserved high, fully free *recyclable* segments elsewhere are
 //!    unmapped so that peak reserved memory does not grow while free physical memory sits
@@ -69,20 +77,20 @@
 //!    recyclable free segments are released like [`Engine::release`] does (highest first)
 //!    until at least the request's size went back, and growth is retried; if it still finds
 //!    no room, every recyclable segment is released and growth is tried once more.
-//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit
-//!    among any other stream's cached blocks (bounded like step 2); the returned
-//!    [`Allocation::dependency`] is the block's tag, which the caller must turn into a real
-//!    event wait. By default this step comes after growth; with
-//!    [`Engine::set_dependency_before_growth`]`(true)` it comes before step 3 and again
+//! 5. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit
+//!    among any other stream's cached blocks (bounded like step 2), else another stream's
+//!    border block; the returned [`Allocation::dependency`] is the block's tag, which the
+//!    caller must turn into a real event wait. By default this step comes after growth; with
+//!    [`Engine::set_dependency_before_growth`]`(true)` it comes before step 4 and again
 //!    before each retry of growth.
-//! 5. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
+//! 6. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
 //!    cached bytes that were not eligible and the position to wait for.
 //!
 //! soma's pool sets [`Engine::set_dependency_before_growth`]`(true)` on every engine: when
 //! internal dependencies are allowed, every enabled reuse rule, rule 4 included, is tried
 //! before fresh memory is mapped (the order `docs/semantics.md` states). The engine's own
-//! default is CUDA's order, rule 4 after growth: CUDA's programming guide (stream ordered
-//! allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies` as the
+//! default is CUDA's order, rule 4 (step 5) after growth: CUDA's programming guide (stream
+//! ordered allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies` as the
 //! fallback taken after failing to allocate and map more physical memory. The trade-off: an
 //! inserted dependency serialises two streams for the rest of their work — a cost the user
 //! cannot see and that can be far larger than a map call — while growth costs a driver call
@@ -259,6 +267,9 @@ pub struct Engine {
     first: u32,
     /// Free indices: `[0]` untagged, `[s + 1]` stream slot `s`; created lazily.
     indexes: Vec<Option<Box<FreeIndex>>>,
+    /// Bytes in the border block (the free block directly below the unmapped space at the
+    /// top of the range, in no index: see `block::BORDER`), and the same if it is tagged.
+    border_bytes: (u64, u64),
     /// Unmapped blocks by offset.
     holes: BTreeMap<u64, u32>,
     /// Mapped segments by offset.
@@ -342,6 +353,7 @@ impl Engine {
             slab,
             first,
             indexes,
+            border_bytes: (0, 0),
             holes,
             segments: BTreeMap::new(),
             bounds: bounds::Boundaries::default(),

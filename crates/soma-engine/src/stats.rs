@@ -59,9 +59,12 @@ impl Engine {
         let mut s = self.stats;
         s.mapped_segments = self.segments.len() as u64;
         s.largest_free_block = self.largest_free_block();
-        // Derived from the free indices (index 0 holds the untagged blocks).
-        s.free_bytes = self.indexes.iter().flatten().map(|ix| ix.bytes).sum();
-        s.pending_bytes = self.indexes.iter().skip(1).flatten().map(|ix| ix.bytes).sum();
+        // Derived from the free indices (index 0 holds the untagged blocks) and the border
+        // blocks, which are in none.
+        s.free_bytes =
+            self.indexes.iter().flatten().map(|ix| ix.bytes).sum::<u64>() + self.border_bytes.0;
+        s.pending_bytes = self.indexes.iter().skip(1).flatten().map(|ix| ix.bytes).sum::<u64>()
+            + self.border_bytes.1;
         s
     }
 

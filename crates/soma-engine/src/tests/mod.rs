@@ -1,6 +1,7 @@
 //! Engine tests: unit tests per behaviour (one file per part of the engine), a shadow-model
 //! property test and the trace replay.
 
+mod border;
 mod coalescing;
 mod growth;
 mod model;
