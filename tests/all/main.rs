@@ -18,3 +18,4 @@ mod shards;
 mod state_machine;
 mod stress;
 mod views;
+mod warm_replays;

@@ -66,9 +66,9 @@ pub(super) struct Block {
     pub cls: u16,
 }
 
-/// `Block::cls` of the *border block*: the free block directly below the unmapped space
-/// that reaches the end of the range (where growth extends the mapped memory). It is in no
-/// free index: the engine serves a request from it only when no indexed block fits (see
+/// `Block::cls` of the *border block*: while recycling on growth is off, the free block
+/// directly below the unmapped space that reaches the end of the range (where growth extends
+/// the mapped memory). It is in no free index: the engine serves a request from it only when no indexed block fits (see
 /// `Engine::find_border`), so that placement does not depend on how much memory above the
 /// mapped part of the range has been mapped yet.
 pub(super) const BORDER: u16 = u16::MAX;

@@ -85,10 +85,13 @@ impl Engine {
         self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
     }
 
-    /// Whether the unmapped space that reaches the end of the range follows block `b`.
+    /// Whether free block `b` is the border block: recycling is off and the unmapped space
+    /// that reaches the end of the range follows `b`. (A pool that recycles places as best
+    /// fit alone does: its growth unmaps elsewhere to map there, and keeping the top block
+    /// for last only moves more memory.)
     #[inline(always)]
     pub(crate) fn below_the_top_hole(&self, b: &Block) -> bool {
-        b.next != NIL && {
+        !self.recycle_on_growth && b.next != NIL && {
             let n = &self.slab.blocks[b.next as usize];
             n.kind == Kind::Unmapped && n.next == NIL
         }

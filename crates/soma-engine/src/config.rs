@@ -1,5 +1,6 @@
 //! The engine's configuration, its tuning switches, and the rounding of requests.
 
+use crate::block::{Kind, NIL};
 use crate::{AllocError, Engine};
 
 /// Largest supported range (2^62 bytes), so that offset arithmetic never overflows.
@@ -96,14 +97,25 @@ impl Engine {
     }
 
     /// Whether a growth that would raise `reserved` above its all-time high first unmaps
-    /// fully free recyclable segments elsewhere (`true`, the default; see the crate docs,
-    /// *Recycling*). `false`: growth never unmaps — after a warm-up in which the pool maps
-    /// what the workload's fragmentation needs, a repeating workload makes no driver calls,
-    /// at the price of a higher peak (what a pool that never gives memory back reaches).
-    /// Memory pressure still releases free segments ([`AllocError::OutOfMemory`] is the
-    /// last resort either way), and [`Engine::release`] is unaffected.
+    /// fully free recyclable segments elsewhere (see the crate docs, *Recycling*): `true`
+    /// keeps peak reserved memory close to peak used memory at the price of an unmap and a
+    /// map per recycled segment for as long as the workload's shapes keep changing. `false`
+    /// (the default): growth never unmaps, and a workload run again on the memory its first
+    /// run mapped makes no driver calls at all. Memory pressure still releases free
+    /// segments ([`AllocError::OutOfMemory`] is the last resort either way), and
+    /// [`Engine::release`] is unaffected.
     pub fn set_recycle_on_growth(&mut self, yes: bool) {
+        if yes == self.recycle_on_growth {
+            return;
+        }
+        // The free block below the top hole is the border block only without recycling.
+        let top_block = self.holes.iter().next_back().map(|(_, &h)| self.slab.blocks[h as usize]);
         self.recycle_on_growth = yes;
+        if let Some(t) = top_block.filter(|t| t.next == NIL && t.prev != NIL) {
+            if self.slab.blocks[t.prev as usize].kind == Kind::Free {
+                self.refile_free(t.prev);
+            }
+        }
     }
 
     /// When internal dependencies are allowed, take another stream's cached block with a

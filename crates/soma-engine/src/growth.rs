@@ -54,6 +54,22 @@ pub(crate) const REFINE_ABOVE: u64 = 64;
 /// unchanged. 256 cut the random remaps further but gave gpt2_small_train 1.023.
 pub(crate) const MIN_SEGMENT_FRACTION: u64 = 512;
 
+/// A growth within this many allocations of the previous one is part of a *burst* (a pool
+/// growing fast: a model loading its weights, the first steps of a workload), and maps at
+/// least [`BURST_CHUNK_FRACTION`] of the pool.
+pub(crate) const GROWTH_BURST: u64 = 4;
+
+/// A growth in a burst ([`GROWTH_BURST`]) that extends the mapped memory upward, on an
+/// engine that does not recycle, maps at least `1 / BURST_CHUNK_FRACTION` of the all-time
+/// reserved high (within the unmapped hole), so that a pool growing from nothing to `n`
+/// bytes makes O(log n) growths instead of one every few allocations; what the last growth
+/// of a burst maps beyond its request is free memory the next requests take, at most 1/64
+/// of the pool. Measured on RMM's `random_allocations` (first replay, sizes up to 1 MiB,
+/// 16 GiB): 8195 map calls -> 1500, for a 0.9 % higher peak; the four PyTorch traces within
+/// 0.001 of their peak without it (1/64 after any growth, not only in bursts, cost LLaMA
+/// 1.002 -> 1.016; 1/32 in bursts 1.018).
+pub(crate) const BURST_CHUNK_FRACTION: u64 = 64;
+
 /// Why growth did not produce an allocation.
 #[derive(Debug)]
 pub(crate) enum GrowError<E> {
@@ -97,7 +113,8 @@ impl Engine {
         // Recycle only what would raise reserved memory above its all-time high: below it,
         // mapping costs no peak memory and recycling would only add driver calls.
         let now = self.stats.allocs;
-        let over = if self.recycle_on_growth && !self.recycle_rate.paused(now) {
+        let recycling = self.recycle_on_growth && !self.recycle_rate.paused(now);
+        let over = if recycling {
             (self.stats.reserved + plan.map_len).saturating_sub(self.grow_mark)
         } else {
             0
@@ -119,13 +136,26 @@ impl Engine {
             // Recycling may have opened a lower hole.
             plan = self.plan_new_run(size).expect("recycling only enlarges holes");
         }
+        // A pool that recycles maps exactly what it needs; one that does not maps ahead in a
+        // burst.
+        let exact = plan.map_len;
+        if !recycling {
+            plan.map_len = self.burst_length(&plan, now);
+        }
         let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
-        if let Err(e) = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens) {
+        let mut mapped = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens);
+        if matches!(mapped, Err(BackingError::OutOfMemory)) && plan.map_len > exact {
+            // The device cannot hold the burst's chunk: map what the request needs.
+            plan.map_len = exact;
+            mapped = self.map_chunks(plan.map_off, plan.map_len, backing, &mut tokens);
+        }
+        if let Err(e) = mapped {
             return Err(match e {
                 BackingError::OutOfMemory => GrowError::NoRoom,
                 BackingError::Driver(e) => GrowError::Backing(e),
             });
         }
+        self.last_growth = Some(now);
         let fresh = self.map_into_hole(plan.map_off, plan.map_len, &tokens);
         let alloc_end = plan.alloc_off + size;
         let Some(base) = plan.base else {
@@ -168,6 +198,24 @@ impl Engine {
             self.insert_free_coalesce(l);
         }
         Ok(a)
+    }
+
+    /// How much a growth planned as `plan` at allocation count `now` maps: the plan's
+    /// length, or in a burst ([`GROWTH_BURST`]) when it maps upward from the start of its
+    /// mapping (a new run, or the extension of the free block below a hole), at least
+    /// [`BURST_CHUNK_FRACTION`] of the reserved high, as far as the hole reaches.
+    fn burst_length(&self, plan: &Plan, now: u64) -> u64 {
+        let in_burst = self.last_growth.is_some_and(|last| now - last <= GROWTH_BURST);
+        if !in_burst || !(plan.base.is_none() || plan.base_left) {
+            return plan.map_len;
+        }
+        let chunk = align_up(self.grow_mark / BURST_CHUNK_FRACTION, self.cfg.granularity);
+        if chunk <= plan.map_len {
+            return plan.map_len;
+        }
+        let (_, &hole) =
+            self.holes.range(..=plan.map_off).next_back().expect("a growth maps inside a hole");
+        chunk.min(self.slab.blocks[hole as usize].end() - plan.map_off)
     }
 
     /// A new run of `round_up(size, granularity)` at the start of the lowest hole that fits.

@@ -23,9 +23,9 @@
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
 //!   stream slot that has freed memory, created lazily on that stream's first free, plus one
 //!   for untagged memory. O(1) insert / remove / class search. Every free block is in the
-//!   index of its tag except the *border block*: the free block directly below the unmapped
-//!   space that reaches the end of the range, where growth extends the mapped memory. It is
-//!   in no index and serves a request only when no indexed block fits (search order, step
+//!   index of its tag except, on an engine that does not recycle (the default), the *border
+//!   block*: the free block directly below the unmapped space that reaches the end of the
+//!   range, where growth extends the mapped memory. It is in no index and serves a request only when no indexed block fits (search order, step
 //!   3), like the top chunk of a `malloc`: a workload run again on memory mapped by its first
 //!   run then places every block where that run did, which needs no further mapping (with
 //!   frees on one stream and recycling off, exactly; `tests/border.rs`).
@@ -67,8 +67,8 @@
 //!    order. Best fit across streams; per stream at most [`CROSS_STREAM_BUDGET`] blocks are
 //!    examined when only some of its blocks are eligible (when all are — every `pos` is below
 //!    the bound — the search is the plain O(1) good fit).
-//! 3. **The border block**, if the request fits it and `T` may use it (own, untagged, or
-//!    eligible as in step 2). O(log holes).
+//! 3. **The border block** (no recycling), if the request fits it and `T` may use it (own,
+//!    untagged, or eligible as in step 2). O(log holes).
 //! 4. **Growth** (maps memory, see below): extending an eligible free block adjacent to
 //!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping
 //!    above the all-time reserved high, fully free *recyclable* segments elsewhere are
@@ -112,44 +112,61 @@
 //! granule, few enough that none is smaller than 1/512 of the reserved memory (when that
 //! is more than a granule) and enough that none exceeds [`Engine::set_max_segment`]. A
 //! growth of 10 MiB in 2 MiB granules is four calls (4, 2, 2 and 2 MiB), one of 6 MiB
-//! three. Segments are the unit of unmapping, so a large block whose
-//! space is later reused by smaller ones can still give back its unused quarters. Measured
-//! on the PyTorch traces (see `tests/traces.rs`): one segment per growth leaves peak
-//! reserved / peak used at up to 1.088, four per growth at up to 1.026, one per granule at up
-//! to 1.018 — for 1×, ~6× and ~12× the map calls (measured before recycling took the
-//! smallest free blocks first; four per growth now gives up to 1.033).
+//! three. Segments are the unit of unmapping (release, recycling), so a large block whose
+//! space is later reused by smaller ones can still give back its unused parts.
 //!
-//! The 4 adapts: when recycling falls short of the excess while the recyclable free blocks
-//! hold more whole granules than it found in whole segments — free memory in segments that
-//! live blocks still touch — and the growth leaves more than 1/64 of the live bytes mapped
-//! beyond them, later growths use twice as many segments, up to 16
-//! (`growth::MAX_SPLIT_BOOST`, `growth::REFINE_ABOVE`). Workloads whose recycling never falls
-//! short keep four and their map calls; on a GPT-2 request stream whose attention
-//! temporaries interleave with a growing KV cache four fixed gave 1.081, adaptive 1.023
-//! (BERT: 1.033 -> 1.008). [`Engine::set_segments_per_growth`] fixes the count instead.
+//! **Bursts.** A growth within 4 allocations of the previous one (`growth::GROWTH_BURST`)
+//! belongs to a pool growing fast; when it extends the mapped memory upward and recycling
+//! is off, it maps at least 1/64 of the all-time reserved high (`growth::BURST_CHUNK_FRACTION`,
+//! within the hole; the request's own size if the backing is out of memory for more). A
+//! pool growing to `n` bytes then makes O(log n) growths instead of one every few
+//! allocations; what the last growth of a burst maps ahead, at most 1/64 of the pool, is
+//! free memory for the next requests.
 //!
-//! **Recycling.** When a growth would raise `reserved` above its all-time high, the engine
-//! first unmaps fully free segments elsewhere whose free blocks are untagged or complete per
-//! [`StreamOrder::is_complete`] (the device can no longer touch them), taken from the
-//! *smallest* free blocks up — large free blocks stay whole to serve the requests they fit,
-//! as in best fit — and, among the fewest such candidates that cover the excess, the
-//! smallest segment that covers what remains, else the largest, until the excess is recycled
-//! or no candidate is left. Candidates are first the segments inside one free block of at
-//! least one granule (found through the free indices and a bitset of segment boundaries);
-//! when those do not cover the excess, an exhaustive scan also finds segments covered by
-//! several free blocks (such as blocks of different streams, which never merge). Memory freed on the requesting stream but not complete is *not*
-//! recycled: unmapping takes effect on the host immediately, not in stream order, so
-//! in-flight work could still touch it. Below the all-time high nothing is recycled: mapping
-//! then costs no peak memory, and recycling would only add driver calls.
+//! **No recycling (the default).** Growth only maps. With the border block served last
+//! (search order, step 3), a workload run again on the memory its first run mapped places
+//! every block where that run did and makes no driver call: on the PyTorch traces of
+//! `data/traces` replayed from empty, the second and later runs map and unmap nothing
+//! (`tests/traces.rs`, `trace_replayed_again_makes_no_driver_calls`), nor do the warm
+//! replays of RMM's `random_allocations`. Peak reserved memory is the address space the
+//! placement spans: 1.002–1.019× the live bytes on the PyTorch traces, 1.084× on BERT
+//! (`tests/traces.rs`, `without_recycling_limit`).
+//!
+//! **Recycling** ([`Engine::set_recycle_on_growth`]`(true)`). When a growth would raise
+//! `reserved` above its all-time high, the engine first unmaps fully free segments elsewhere
+//! whose free blocks are untagged or complete per [`StreamOrder::is_complete`] (the device
+//! can no longer touch them), taken from the *smallest* free blocks up — large free blocks
+//! stay whole to serve the requests they fit, as in best fit — and, among the fewest such
+//! candidates that cover the excess, the smallest segment that covers what remains, else
+//! the largest, until the excess is recycled or no candidate is left. Candidates are first
+//! the segments inside one free block of at least one granule (found through the free
+//! indices and a bitset of segment boundaries); when those do not cover the excess, an
+//! exhaustive scan also finds segments covered by several free blocks (such as blocks of
+//! different streams, which never merge). Memory freed on the requesting stream but not
+//! complete is *not* recycled: unmapping takes effect on the host immediately, not in stream
+//! order, so in-flight work could still touch it. Below the all-time high nothing is
+//! recycled: mapping then costs no peak memory, and recycling would only add driver calls.
+//! A recycling engine has no border block (its growth unmaps elsewhere to map at the top,
+//! and keeping the top block for last would only move more memory) and does not map ahead
+//! in bursts.
 //!
 //! Recycling trades driver calls for peak memory. On workloads whose shapes vary (the BERT
 //! trace, RMM's `random_allocations` with sizes up to 64 MiB and more) it keeps remapping in
-//! steady state — on the BERT trace about one unmap per 6 allocations, for a peak of 1.008×
-//! instead of 1.084× the live bytes; with uniformly random sizes up to 64 MiB about one per
-//! 3.6 allocations, up to 256 MiB about one per 1.2 until recycling pauses (below; recycling
-//! from the largest free blocks as well, before the smallest-first order, took 3.5–4× as
-//! many). [`Engine::set_recycle_on_growth`]`(false)` turns it off: growth only maps, the pool
-//! converges to what the workload needs and then makes no driver calls.
+//! steady state — on the BERT trace about one unmap per 6 allocations, every run, for a
+//! peak of 1.008× instead of 1.084× the live bytes; with uniformly random sizes up to 64 MiB
+//! about one per 3.6 allocations, up to 256 MiB about one per 1.2 until recycling pauses
+//! (below; recycling from the largest free blocks as well, before the smallest-first order,
+//! took 3.5–4× as many).
+//!
+//! Within recycling, the 4 segments per growth adapt: when recycling falls short of the
+//! excess while the recyclable free blocks hold more whole granules than it found in whole
+//! segments — free memory in segments that live blocks still touch — and the growth leaves
+//! more than 1/64 of the live bytes mapped beyond them, later growths use twice as many
+//! segments, up to 16 (`growth::MAX_SPLIT_BOOST`, `growth::REFINE_ABOVE`). Workloads whose
+//! recycling never falls short keep four and their map calls; on a GPT-2 request stream
+//! whose attention temporaries interleave with a growing KV cache four fixed gave 1.081,
+//! adaptive 1.023 (BERT: 1.033 -> 1.008). [`Engine::set_segments_per_growth`] fixes the
+//! count instead.
 //!
 //! Recycling pauses when it has become chronic: when more than 64 growths within 512
 //! allocations each recycled, growth stops recycling for the next 4096 allocations and maps
@@ -173,8 +190,8 @@
 //! place within 0.5 % of runs on one stream (`tests/traces.rs`,
 //! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
 //!
-//! **Packing.** Recycling leaves unmapped holes between mapped segments. When the engine
-//! has emptied (nothing live) and segments were unmapped since it last packed, its next
+//! **Packing.** Recycling leaves unmapped holes between mapped segments. When a recycling
+//! engine has emptied (nothing live) and segments were unmapped since it last packed, its next
 //! allocation first moves the free segments lying entirely above `reserved` bytes from the
 //! start of the range into the lowest holes below (unmapped first, then the holes mapped:
 //! `reserved` ends where it was and its high-water mark does not move; only segments no
@@ -183,8 +200,8 @@
 //! long-lived blocks (weights) between the holes, the partial granules beside them stay
 //! mapped, and peak reserved creeps from run to run: on the BERT trace run again and again
 //! from empty, 1.007 → 1.058–1.072 within 5–20 runs, a batched GPT-2 decode whose rows
-//! retire 1.015 → 1.075; with packing 1.007 and 1.015 throughout (`tests/traces.rs`,
-//! `trace_fragmentation_over_replays`). A run that keeps what it leaves live (weights
+//! retire 1.015 → 1.075; with packing BERT stays at most 1.040 (`tests/traces.rs`,
+//! `trace_fragmentation_over_replays` with `SOMA_RECYCLE=1`). A run that keeps what it leaves live (weights
 //! resident, as a server or training loop does) never empties and needs none: it converges
 //! within 1.05 on its own.
 //!
@@ -298,6 +315,9 @@ pub struct Engine {
     /// All-time high of `reserved` (not resettable): growth recycles only what would raise
     /// reserved memory above it.
     grow_mark: u64,
+    /// The allocation count at the last growth: a growth soon after it maps ahead (see
+    /// `growth::GROWTH_BURST`).
+    last_growth: Option<u64>,
     /// Recycle idle segments before growing above `grow_mark` (see
     /// [`Engine::set_recycle_on_growth`]).
     recycle_on_growth: bool,
@@ -367,7 +387,8 @@ impl Engine {
             split_boost: 0,
             segments_fixed: false,
             grow_mark: 0,
-            recycle_on_growth: true,
+            last_growth: None,
+            recycle_on_growth: false,
             recycle_rate: recycle::RecycleRate::default(),
             pack_wanted: false,
             dependency_first: false,

@@ -229,13 +229,16 @@ impl Engine {
         best.map(|(i, _, k)| (i, Some(k)))
     }
 
-    /// The border block (the free block directly below the unmapped space that reaches the
-    /// end of the range, in no index), if there is one.
+    /// The border block (while recycling is off, the free block directly below the unmapped
+    /// space that reaches the end of the range, in no index), if there is one.
     ///
     /// # Time Complexity
     ///
     /// O(log holes).
     pub(crate) fn border_block(&self) -> Option<u32> {
+        if self.recycle_on_growth {
+            return None;
+        }
         let (_, &top) = self.holes.iter().next_back()?;
         let t = &self.slab.blocks[top as usize];
         let p = t.prev;

@@ -31,6 +31,14 @@ pub(super) fn engine(range: u64) -> Engine {
     .unwrap()
 }
 
+/// [`engine`] with recycling on growth (off by default), for the tests of recycling and of
+/// what it leaves behind (holes, packing, finer segments).
+pub(super) fn recycling_engine(range: u64) -> Engine {
+    let mut e = engine(range);
+    e.set_recycle_on_growth(true);
+    e
+}
+
 pub(super) fn tag(stream: StreamSlot, pos: u64) -> FreeTag {
     FreeTag { stream, pos }
 }

@@ -27,6 +27,8 @@ struct Params {
     max_segment: u64,
     index_by_offset: bool,
     dependency_first: bool,
+    /// Recycling on growth at the start (off by default; `Op::Recycle` switches it).
+    recycle: bool,
 }
 
 fn params_strategy() -> impl Strategy<Value = Params> {
@@ -36,14 +38,18 @@ fn params_strategy() -> impl Strategy<Value = Params> {
         any::<bool>(),
         prop_oneof![3 => Just(true), 1 => Just(false)],
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(granularity, alignment, per_granule, index_by_offset, dependency_first)| Params {
-                granularity,
-                alignment,
-                max_segment: if per_granule { granularity } else { 0 },
-                index_by_offset,
-                dependency_first,
+            |(granularity, alignment, per_granule, index_by_offset, dependency_first, recycle)| {
+                Params {
+                    granularity,
+                    alignment,
+                    max_segment: if per_granule { granularity } else { 0 },
+                    index_by_offset,
+                    dependency_first,
+                    recycle,
+                }
             },
         )
 }
@@ -62,6 +68,7 @@ enum Op {
     FailNextMap { oom: bool },
     FailNextUnmap,
     Capacity { granules: Option<u64> },
+    Recycle { on: bool },
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -91,6 +98,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(|oom| Op::FailNextMap { oom }),
         1 => Just(Op::FailNextUnmap),
         1 => prop_oneof![Just(None), (4u64..40).prop_map(Some)].prop_map(|granules| Op::Capacity { granules }),
+        1 => any::<bool>().prop_map(|on| Op::Recycle { on }),
     ]
 }
 
@@ -132,6 +140,7 @@ impl Model {
         .unwrap();
         e.set_max_segment(p.max_segment);
         e.set_dependency_before_growth(p.dependency_first);
+        e.set_recycle_on_growth(p.recycle);
         Model {
             p,
             range,
@@ -412,6 +421,7 @@ impl Model {
             Op::Capacity { granules } => {
                 self.b.capacity = granules.map(|n| n * self.p.granularity);
             }
+            Op::Recycle { on } => self.e.set_recycle_on_growth(on),
         }
         self.b.fail_next_unmap = false;
         self.check_all();

@@ -55,7 +55,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma[-recycle]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -63,14 +63,14 @@ fn main() {
         let (n, max) = (n.parse().expect("N"), max.parse().expect("MAX_MIB"));
         let replays = replays.parse().expect("REPLAYS");
         match which.as_str() {
-            "soma" | "soma-retain" => {
+            "soma" | "soma-recycle" => {
                 let npu =
                     soma::sim::Npu::builder().capacity(capacity(512 << 10)).build().expect("npu");
                 let dev = npu.device(0).expect("device");
                 let s = dev.create_stream().expect("stream");
-                let recycle = which == "soma";
+                let recycle = which == "soma-recycle";
                 let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
-                let name = if recycle { "soma" } else { "soma-retain" };
+                let name = if recycle { "soma-recycle" } else { "soma" };
                 random(SomaApi::named(&pool, &s, name), n, max, replays);
             }
             "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
