@@ -176,11 +176,14 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
+        if let Some(a) = self.take_border(size, align, stream, order) {
+            return Ok(a);
+        }
         self.alloc_uncached(bytes, size, align, stream, order, backing)
     }
 
-    /// [`Engine::alloc`] when no indexed block fits: a border block, rule 4 first if so
-    /// configured, growth, release and retry, rule 4, out of memory.
+    /// [`Engine::alloc`] when neither an indexed block nor the border block fits: rule 4
+    /// first if so configured, growth, release and retry, rule 4, out of memory.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
     #[inline(never)]
     fn alloc_uncached<E>(
@@ -192,9 +195,6 @@ impl Engine {
         order: &dyn StreamOrder,
         backing: &mut dyn Backing<Error = E>,
     ) -> Result<Allocation, AllocError<E>> {
-        if let Some(a) = self.take_border(size, align, stream, order) {
-            return Ok(a);
-        }
         if self.dependency_first && order.internal_dependencies() {
             if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
@@ -274,6 +274,7 @@ impl Engine {
     }
 
     /// The border block [`Engine::find_border`] picks, carved at its first aligned offset.
+    #[inline]
     fn take_border(
         &mut self,
         size: u64,
@@ -282,7 +283,20 @@ impl Engine {
         order: &dyn StreamOrder,
     ) -> Option<Allocation> {
         let (idx, reuse) = self.find_border(size, align, stream, order)?;
-        Some(self.commit_unindexed(idx, size, align, Grant { reuse, dependency: None }))
+        let grant = Grant { reuse, dependency: None };
+        let b = &self.slab.blocks[idx as usize];
+        let (offset, b_size, tagged) = (b.offset, b.size, b.tagged);
+        if offset % align != 0 || b_size == size {
+            return Some(self.commit_unindexed(idx, size, align, grant));
+        }
+        // Carving the front: the rest stays the border block, with its tag, in no index.
+        let rest = self.slab.split(idx, offset + size);
+        self.border = rest;
+        self.border_bytes.0 -= size;
+        if tagged {
+            self.border_bytes.1 -= size;
+        }
+        Some(self.make_live(idx, offset, size, align, grant))
     }
 
     /// Carves free block `idx` at its first aligned offset the general way, which also
@@ -514,6 +528,10 @@ impl Engine {
             return self.make_live(idx, start, size, align, Grant { reuse, dependency });
         }
         self.remove_free(idx);
+        if start == offset && b_size == size {
+            // An exact fit (a hole of the request's size): nothing to split off.
+            return self.make_live(idx, start, size, align, Grant { reuse, dependency });
+        }
         self.finish_alloc(idx, start, size, align, Grant { reuse, dependency }, false)
     }
 }

@@ -110,6 +110,8 @@ impl Engine {
         if !matches!(self.indexes.get(slot), Some(Some(_))) {
             self.create_index(slot);
         }
+        debug_assert_eq!(self.border, NIL, "one border block at most");
+        self.border = idx;
         let b = &mut self.slab.blocks[idx as usize];
         b.cls = BORDER;
         b.prev_free = NIL;
@@ -138,6 +140,8 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn remove_border(&mut self, idx: u32) {
+        debug_assert_eq!(self.border, idx);
+        self.border = NIL;
         let b = &mut self.slab.blocks[idx as usize];
         b.cls = 0;
         self.border_bytes.0 -= b.size;
@@ -290,11 +294,6 @@ impl Engine {
         };
         let (k, o, ib) =
             (&blocks[keep as usize], &blocks[other as usize], &blocks[indexed as usize]);
-        // The border block, or a merge that would make it (the top hole after `other`), is
-        // filed anew.
-        if ib.cls == BORDER || self.below_the_top_hole(o) {
-            return None;
-        }
         // The merged tag (as `combine_tag`): tagged if either is (same stream when both are,
         // as they merge), keeping the larger position.
         let tag = match (k.tagged, o.tagged) {
@@ -303,6 +302,15 @@ impl Engine {
             (false, true) => Some((o.stream, o.pos)),
             (false, false) => None,
         };
+        if ib.cls == BORDER && !with_prev {
+            // `idx` absorbs the border block after it and becomes the border block.
+            return Some(self.grow_border_down(keep, other, tag));
+        }
+        // A merge that would make the border block (the top hole after `other`) is filed
+        // anew.
+        if ib.cls == BORDER || self.below_the_top_hole(o) {
+            return None;
+        }
         let slot = index_slot(tag.is_some(), tag.map_or(0, |t| t.0));
         if slot != index_slot(ib.tagged, ib.stream) {
             return None;
@@ -334,6 +342,38 @@ impl Engine {
         }
         self.slab.absorb_next(keep, other);
         Some(keep)
+    }
+
+    /// [`Engine::coalesce_in_place`] when free block `keep` (in no index) absorbs the border
+    /// block `border` after it: the merged block, with tag `tag`, is the border block.
+    #[inline]
+    fn grow_border_down(&mut self, keep: u32, border: u32, tag: Option<(StreamSlot, u64)>) -> u32 {
+        if let Some((stream, _)) = tag {
+            let slot = index_slot(true, stream);
+            if !matches!(self.indexes.get(slot), Some(Some(_))) {
+                self.create_index(slot);
+            }
+        }
+        let o = self.slab.blocks[border as usize];
+        let kb = &mut self.slab.blocks[keep as usize];
+        let merged = kb.size + o.size;
+        if let Some((stream, pos)) = tag {
+            kb.tagged = true;
+            kb.settled = false;
+            kb.stream = stream;
+            kb.pos = pos;
+        } else if o.settled {
+            kb.stream = settled_stream(kb, &o);
+            kb.settled = true;
+        }
+        kb.cls = BORDER;
+        kb.prev_free = NIL;
+        kb.next_free = NIL;
+        self.border_bytes =
+            (self.border_bytes.0 - o.size + merged, if tag.is_some() { merged } else { 0 });
+        self.border = keep;
+        self.slab.absorb_next(keep, border);
+        keep
     }
 
     /// Settles the frees the host has observed: every free block of a stream `s` freed below

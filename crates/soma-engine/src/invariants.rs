@@ -70,6 +70,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 );
                 if below_unmapped {
                     n_border += 1;
+                    ensure!(e.border == cur, "border block {cur} is not the one recorded");
                     border += b.size;
                     if b.tagged {
                         border_tagged += b.size;
@@ -234,6 +235,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         indexed + n_border == n_free,
         "{indexed} indexed free blocks and {n_border} border blocks != {n_free} free blocks"
     );
+    ensure!((n_border == 0) == (e.border == NIL), "the recorded border block is stale");
     ensure!(
         e.border_bytes == (border, border_tagged),
         "border bytes {:?} != ({border}, {border_tagged})",

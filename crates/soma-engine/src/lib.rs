@@ -284,8 +284,10 @@ pub struct Engine {
     first: u32,
     /// Free indices: `[0]` untagged, `[s + 1]` stream slot `s`; created lazily.
     indexes: Vec<Option<Box<FreeIndex>>>,
-    /// Bytes in the border block (the free block directly below the unmapped space at the
-    /// top of the range, in no index: see `block::BORDER`), and the same if it is tagged.
+    /// The border block (the free block directly below the unmapped space at the top of the
+    /// range, in no index: see `block::BORDER`), or `NIL`.
+    border: u32,
+    /// Bytes in the border block, and the same if it is tagged.
     border_bytes: (u64, u64),
     /// Unmapped blocks by offset.
     holes: BTreeMap<u64, u32>,
@@ -373,6 +375,7 @@ impl Engine {
             slab,
             first,
             indexes,
+            border: block::NIL,
             border_bytes: (0, 0),
             holes,
             segments: BTreeMap::new(),

@@ -4,7 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::alloc::{OomInfo, PendingFrees};
-use crate::block::{Block, Kind, NIL};
+use crate::block::{Block, NIL};
 use crate::coalesce::index_slot;
 use crate::config::align_up;
 use crate::order::{bound_of, kind_for};
@@ -230,19 +230,10 @@ impl Engine {
     }
 
     /// The border block (while recycling is off, the free block directly below the unmapped
-    /// space that reaches the end of the range, in no index), if there is one.
-    ///
-    /// # Time Complexity
-    ///
-    /// O(log holes).
+    /// space that reaches the end of the range, in no index), if there is one. O(1).
+    #[inline]
     pub(crate) fn border_block(&self) -> Option<u32> {
-        if self.recycle_on_growth {
-            return None;
-        }
-        let (_, &top) = self.holes.iter().next_back()?;
-        let t = &self.slab.blocks[top as usize];
-        let p = t.prev;
-        (t.next == NIL && p != NIL && self.slab.blocks[p as usize].kind == Kind::Free).then_some(p)
+        (self.border != NIL).then_some(self.border)
     }
 
     /// After steps 1 and 2: the border block when `stream` may use it and the request fits,

@@ -1,11 +1,12 @@
 //! `soma-hotpath`: runs the hot-path pair (alloc + free of 4 KiB, one stream) `PAIRS` times
-//! on one allocator with `LIVE` other live blocks (the checkerboard of the hot-path bench),
-//! for profilers. Instruction counts per pair are the difference of two runs with different
+//! on one allocator with `LIVE` other live blocks (the checkerboard of the hot-path bench,
+//! blocks of `BLOCK` bytes, default 512: with 4096 its holes can serve the request), for
+//! profilers. Instruction counts per pair are the difference of two runs with different
 //! `PAIRS`, divided by the difference:
 //!
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
-//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf
+//! soma-hotpath ALLOCATOR LIVE PAIRS [BLOCK]   # ALLOCATOR: soma | soma-owned | soma-engine[-retain] | offset-allocator | tlsf
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
 //! ```
 //!
@@ -24,8 +25,8 @@ use soma::MemPool;
 use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, Tlsf};
 use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
 
-fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
-    let w = checkerboard(live, 512);
+fn pairs<A: Allocator>(mut a: A, live: usize, n: u64, block: u64) {
+    let w = checkerboard(live, block);
     let handles = replay(&mut a, &w.ops, w.slots);
     let t = Instant::now();
     for _ in 0..n {
@@ -84,14 +85,19 @@ fn main() {
         }
         return;
     }
-    let [which, live, n] = args.as_slice() else {
-        eprintln!(
-            "usage: soma-hotpath soma|soma-owned|soma-engine|offset-allocator|tlsf LIVE PAIRS"
-        );
-        std::process::exit(2);
+    let (which, live, n, block) = match args.as_slice() {
+        [which, live, n] => (which, live, n, "512"),
+        [which, live, n, block] => (which, live, n, block.as_str()),
+        _ => {
+            eprintln!(
+                "usage: soma-hotpath soma|soma-owned|soma-engine[-retain]|offset-allocator|tlsf LIVE PAIRS [BLOCK]"
+            );
+            std::process::exit(2);
+        }
     };
     let live: usize = live.parse().expect("LIVE");
     let n: u64 = n.parse().expect("PAIRS");
+    let block: u64 = block.parse().expect("BLOCK");
     const RANGE: u64 = 1 << 40;
     match which.as_str() {
         "soma" => {
@@ -99,18 +105,23 @@ fn main() {
             let dev = npu.device(0).expect("device");
             let s = dev.create_stream().expect("stream");
             let pool = MemPool::builder().build(&dev).expect("pool");
-            pairs(SomaApi::new(&pool, &s), live, n);
+            pairs(SomaApi::new(&pool, &s), live, n, block);
         }
         "soma-owned" => {
             let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
             let dev = npu.device(0).expect("device");
             let s = dev.create_owned_stream().expect("stream");
             let pool = MemPool::builder().build_owned(&dev).expect("pool");
-            pairs(SomaOwned::new(pool, s), live, n);
+            pairs(SomaOwned::new(pool, s), live, n, block);
         }
-        "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n),
-        "offset-allocator" => pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n),
-        "tlsf" => pairs(Tlsf::new(RANGE), live, n),
+        "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n, block),
+        "soma-engine-retain" => {
+            pairs(SomaEngine::with_recycling(RANGE, 512, false), live, n, block)
+        }
+        "offset-allocator" => {
+            pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n, block)
+        }
+        "tlsf" => pairs(Tlsf::new(RANGE), live, n, block),
         other => {
             eprintln!("unknown allocator {other}");
             std::process::exit(2);
