@@ -8,6 +8,7 @@
 //! | [`hal`] | the object-safe driver traits every backend implements |
 //! | [`engine`] | the pool's bookkeeping over an offset space: pure, safe, device-free |
 //! | [`Device`], [`Stream`], [`Event`] | typed handles; they feed the happens-before knowledge |
+//! | [`Graph`], [`CaptureMode`] | graph capture: a stream's work recorded once, launched many times |
 //! | [`MemPool`], [`PoolAlloc`], [`attr`] | the stream-ordered pool and its typed attributes |
 
 pub mod engine;
@@ -19,6 +20,7 @@ mod clock;
 mod device;
 mod error;
 mod event;
+mod graph;
 mod pool;
 mod stream;
 mod sync;
@@ -28,6 +30,8 @@ pub use clock::VectorClock;
 pub use device::{Device, MAX_STREAMS};
 pub use error::{Bytes, Error, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
+pub use graph::Graph;
+pub use hal::{CaptureInfo, CaptureMode, CaptureStatus};
 pub use pool::attr;
 pub use pool::{
     MemPool, MemPoolBuilder, OomAction, OomHook, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,

@@ -148,7 +148,12 @@ impl<'d> Stream<'d> {
         // The clock lock spans the enqueue: a wait enqueued after this record cannot join its
         // knowledge into the snapshot (a record must never claim a later wait's ordering).
         let clock = self.clock.lock();
+        let epoch = self.capture_epoch();
         let pos = self.hal.record(event)?;
+        if !self.outside_capture_since(epoch) {
+            // A captured record runs only when a graph is launched: it orders nothing now.
+            return Ok(VectorClock::new());
+        }
         let mut snapshot = clock.clone();
         drop(clock);
         snapshot.raise(self.slot, self.base + pos);
@@ -163,8 +168,12 @@ impl<'d> Stream<'d> {
     /// Backend failures, or an event of another device.
     pub fn wait_event(&self, event: &Event<'_>) -> Result<()> {
         self.check_device(event.device(), "the event")?;
+        let epoch = self.capture_epoch();
         if let Some(clock) = event.wait_on(self)? {
-            self.clock.lock().join(&clock);
+            // A captured wait (or one that made this stream join a capture) orders nothing.
+            if self.outside_capture_since(epoch) {
+                self.clock.lock().join(&clock);
+            }
         }
         Ok(())
     }
@@ -191,8 +200,12 @@ impl<'d> Stream<'d> {
         Ok(self.hal.host_fn(Box::new(f))?)
     }
 
-    fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
+    pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
         self.check_device(buffer.device(), "the buffer")?;
+        if self.capture_id().is_some() {
+            // Captured work runs at launches, not now: see the `graph` module.
+            return Ok(());
+        }
         buffer.record_use(self)
     }
 
@@ -209,6 +222,8 @@ impl<'d> Stream<'d> {
                 dst.len()
             )));
         }
+        // The staging buffer is freed after the copy's first run: it cannot be replayed.
+        self.refuse_in_capture("copy_from_host")?;
         self.note_use(dst)?;
         let staging: Box<[u8]> = bytemuck::cast_slice(src).into();
         if staging.is_empty() {
@@ -245,6 +260,8 @@ impl<'d> Stream<'d> {
                 src.len()
             )));
         }
+        // It waits for the copy, which a capturing stream would not run.
+        self.refuse_in_capture("copy_to_host")?;
         self.note_use(src)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.is_empty() {
@@ -364,8 +381,8 @@ impl std::fmt::Debug for Stream<'_> {
 
 /// One buffer argument of [`Stream::launch`].
 pub struct KernelArg<'a> {
-    access: BufferAccess,
-    owner: &'a dyn BufferOwner,
+    pub(crate) access: BufferAccess,
+    pub(crate) owner: &'a dyn BufferOwner,
 }
 
 impl<'a> KernelArg<'a> {

@@ -969,6 +969,7 @@ impl PoolCore {
         other_uses: &[StreamUse],
         location: Option<&'static Location<'static>>,
     ) -> Result<()> {
+        stream.refuse_in_capture("a pool free")?;
         let (Some(ring), (Some(block), ptr)) = (&self.free_ring, granted) else {
             return self.free_block(device, granted, stream, other_uses, location);
         };
@@ -1875,6 +1876,7 @@ impl<'d> MemPool<'d> {
         len: usize,
         stream: &'s Stream<'d>,
     ) -> Result<PoolAlloc<'s, T>> {
+        stream.refuse_in_capture("a pool allocation")?;
         stream.check_device(self.device, "the pool")?;
         let bytes = bytes_for::<T>(len)?;
         let home = self.home(stream);
@@ -1914,6 +1916,7 @@ impl<'d> MemPool<'d> {
         stream: &'s Stream<'d>,
         mut on_oom: impl FnMut(&OutOfMemory) -> OomAction,
     ) -> Result<PoolAlloc<'s, T>> {
+        stream.refuse_in_capture("a pool allocation")?;
         stream.check_device(self.device, "the pool")?;
         let location = Location::caller();
         let bytes = bytes_for::<T>(len)?;
@@ -1931,6 +1934,7 @@ impl<'d> MemPool<'d> {
     /// # Errors
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
+        stream.refuse_in_capture("a pool allocation")?;
         stream.check_device(self.device, "the pool")?;
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
@@ -1949,6 +1953,7 @@ impl<'d> MemPool<'d> {
     /// [`Error::InvalidArgument`] for a pointer that is not the start of a live raw block of
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
+        stream.refuse_in_capture("a pool free")?;
         stream.check_device(self.device, "the pool")?;
         if self.core.native.is_some() {
             return self.core.free_block(&self.device.shared, (None, ptr), stream, &[], None);
