@@ -6,6 +6,7 @@ mod bad_input;
 mod common;
 mod driver_alloc;
 mod faults;
+mod graph_capture;
 mod observe;
 mod pool;
 mod reuse_rules;
