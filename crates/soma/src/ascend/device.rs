@@ -13,10 +13,11 @@ use ascend_sys::{
     aclrtMemcpyKind, aclrtPhysicalMemProp, Acl,
 };
 use soma_core::hal::{
-    DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo, MemRef,
-    PhysicalHandle, StreamHal,
+    CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
+    MemRef, PhysicalHandle, StreamHal,
 };
 
+use super::capture::Captures;
 use super::conv::{dev_ptr, is_unsupported, map_alloc_err, map_call_err, to_dev_ptr, to_usize};
 use super::event::AscendEvent;
 use super::raw::{self, ACL_ERROR_REPEAT_INITIALIZE};
@@ -186,6 +187,8 @@ pub(crate) struct DeviceInner {
     streams: Mutex<Vec<Weak<StreamShared>>>,
     deferred: Mutex<Option<DriverError>>,
     next_stream_id: AtomicU64,
+    /// The graph captures active on the device's streams.
+    pub(crate) captures: Captures,
 }
 
 impl DeviceInner {
@@ -258,6 +261,11 @@ impl DeviceInner {
         let mut v = lock(&self.streams);
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(s));
+    }
+
+    /// The device's streams that are alive.
+    pub(crate) fn live_streams(&self) -> Vec<Arc<StreamShared>> {
+        lock(&self.streams).iter().filter_map(Weak::upgrade).collect()
     }
 
     pub(crate) fn next_stream_id(&self) -> u64 {
@@ -481,6 +489,7 @@ impl AscendDevice {
                 streams: Mutex::new(Vec::new()),
                 deferred: Mutex::new(None),
                 next_stream_id: AtomicU64::new(1),
+                captures: Captures::default(),
             }),
         })
     }
@@ -745,6 +754,14 @@ impl DeviceHal for AscendDevice {
                 })
                 .collect()
         };
+        if d.captures.active() {
+            // The runtime refuses a device synchronisation during a capture, possibly without
+            // waiting: drain the streams that are not capturing first (capturing ones hold
+            // no work of their own), so that the refusal still comes after the drain.
+            for (s, _) in streams.iter().filter(|(s, _)| s.capture.id().is_none()) {
+                let _ = s.drain();
+            }
+        }
         raw::device::synchronize(&d.acl).map_err(map_call_err)?;
         // A deferred error is reported only after the drain, which callers count on even
         // when the call fails (the HAL's contract).
@@ -790,6 +807,17 @@ impl DeviceHal for AscendDevice {
             // lock `with_valid` holds, which keeps it so).
             unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
                 .map_err(map_call_err)
+        })
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        let d = &self.inner;
+        d.check_err()?;
+        let old = raw::mdl::exchange_mode(&d.acl, ascend_sys::aclmdlRICaptureMode(mode.raw()))
+            .map_err(map_call_err)?;
+        CaptureMode::from_raw(old.0).ok_or_else(|| DriverError::Native {
+            code: 0,
+            message: format!("aclmdlRICaptureThreadExchangeMode returned unknown mode {}", old.0),
         })
     }
 
