@@ -135,6 +135,22 @@ fn pools_and_staged_copies_refuse_a_capturing_stream() {
 }
 
 #[test]
+fn a_free_is_refused_while_a_stream_that_used_the_block_captures() {
+    let npu = npu();
+    let dev = device_of(&npu);
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let mut x = pool.alloc_async::<u32>(64, &s1).unwrap();
+    s2.memset(&mut x, 0).unwrap(); // a use on s2, which the free must be ordered after
+    s2.begin_capture(CaptureMode::Global).unwrap();
+    let e = x.free().unwrap_err();
+    assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
+    assert!(e.to_string().contains("ordering a pool free after a use"), "{e}");
+    assert_eq!(s1.capture_info().unwrap().status, CaptureStatus::None, "s1 did not join");
+    assert_eq!(s2.end_capture().unwrap().task_count(), 0, "nothing was captured on s2");
+}
+
+#[test]
 fn synchronising_while_capturing_invalidates_the_capture() {
     let npu = npu();
     let dev = device_of(&npu);

@@ -24,7 +24,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::hal::{
     CaptureErrorKind, CaptureInfo, CaptureMode, DriverError, GraphHal, KernelBuffers, KernelError,
-    ReplayableKernel,
+    ReplayableKernel, StreamHal,
 };
 use crate::stream::{KernelArg, Stream};
 
@@ -143,17 +143,7 @@ impl<'d> Stream<'d> {
     /// [`CaptureErrorKind::NotCapturable`] when the stream is capturing: `what` cannot be
     /// recorded into a graph.
     pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
-        match self.capture_id() {
-            None => Ok(()),
-            Some(capture) => Err(Error::Driver(DriverError::Capture {
-                kind: CaptureErrorKind::NotCapturable,
-                message: format!(
-                    "{what} on stream {}, which is capturing (capture {capture}), cannot be \
-                     recorded into a graph",
-                    self.id()
-                ),
-            })),
-        }
+        refuse_capturing(&**self.hal(), what)
     }
 
     /// The stream's capture epoch, read before a record or a wait.
@@ -197,6 +187,26 @@ impl<'d> Stream<'d> {
     /// Backend failures.
     pub fn host_fn_replayable(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
         Ok(self.hal().host_fn_replayable(std::sync::Arc::new(f))?)
+    }
+}
+
+/// [`CaptureErrorKind::NotCapturable`] when `stream` is capturing: `what`, which would
+/// enqueue work on it, cannot be recorded into a graph. One atomic load when it is not.
+pub(crate) fn refuse_capturing(stream: &dyn StreamHal, what: &str) -> Result<()> {
+    if stream.capture_epoch() % 2 == 0 {
+        return Ok(());
+    }
+    let capture = stream.capture_info().ok().and_then(|info| info.capture);
+    match capture {
+        None => Ok(()),
+        Some(capture) => Err(Error::Driver(DriverError::Capture {
+            kind: CaptureErrorKind::NotCapturable,
+            message: format!(
+                "{what} on stream {}, which is capturing (capture {capture}), cannot be \
+                 recorded into a graph",
+                stream.id()
+            ),
+        })),
     }
 }
 

@@ -1702,6 +1702,9 @@ impl PoolCore {
             // A stream that held the slot before the live one was dropped, which drained it:
             // nothing to wait for (and the live stream never touched this block).
             if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
+                // A record on a capturing stream would be captured, and the wait on it would
+                // make the freeing stream join that capture.
+                crate::graph::refuse_capturing(&*live.hal, "ordering a pool free after a use")?;
                 let event = self.hal.create_event()?;
                 let pos = live.hal.record(&*event)?;
                 stream.wait_raw(&*event)?;

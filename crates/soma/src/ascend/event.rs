@@ -143,7 +143,10 @@ impl AscendEvent {
 impl Drop for AscendEvent {
     fn drop(&mut self) {
         let acl = &self.dev.acl;
-        let recorded = lock(&self.last).is_some();
+        // Only a record of a live stream can be pending: a dropped stream drained, and a
+        // captured record (no stream) runs only in its graph, which a synchronisation during
+        // the capture would invalidate.
+        let recorded = lock(&self.last).as_ref().is_some_and(|(s, _)| s.strong_count() > 0);
         let result = self.dev.enter().and_then(|()| {
             if recorded {
                 // SAFETY: the event is live until the destroy below.
