@@ -1,8 +1,9 @@
 //! The driver HAL: what a stream-ordered pool needs from a device.
 //!
 //! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these object-safe traits
-//! ([`DeviceHal`], [`StreamHal`], [`EventHal`], and [`GraphHal`] for graph capture); the pool engine and the typed handles of this crate are written against them and
-//! never name a backend.
+//! ([`DeviceHal`], [`StreamHal`], [`EventHal`], and [`GraphHal`] for graph capture); the pool
+//! engine and the typed handles of this crate are written against them and never name a
+//! backend.
 //!
 //! # Who validates what
 //!
