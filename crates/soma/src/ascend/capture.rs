@@ -175,6 +175,33 @@ pub(crate) fn joined(s: &StreamShared) -> DriverResult<Option<u64>> {
     Ok(Some(id))
 }
 
+/// Before a device synchronisation: when a capture is active, the runtime refuses it,
+/// possibly without waiting, so the streams that are not capturing are drained first
+/// (capturing ones hold no work of their own) and the refusal still comes after the drain.
+pub(crate) fn drain_outside_captures<'a>(
+    dev: &DeviceInner,
+    streams: impl Iterator<Item = &'a Arc<StreamShared>>,
+) {
+    if !dev.captures.active() {
+        return;
+    }
+    for s in streams.filter(|s| s.capture.id().is_none()) {
+        // A failure here is the synchronisation's to report.
+        let _ = s.drain();
+    }
+}
+
+/// `aclmdlRICaptureThreadExchangeMode`: the calling thread's new mode; the old one.
+pub(crate) fn exchange_mode(dev: &DeviceInner, mode: CaptureMode) -> DriverResult<CaptureMode> {
+    dev.check_err()?;
+    let old =
+        raw::mdl::exchange_mode(&dev.acl, aclmdlRICaptureMode(mode.raw())).map_err(map_call_err)?;
+    CaptureMode::from_raw(old.0).ok_or_else(|| DriverError::Native {
+        code: 0,
+        message: format!("aclmdlRICaptureThreadExchangeMode returned unknown mode {}", old.0),
+    })
+}
+
 /// `aclmdlRICaptureBegin` on `s`, drained first.
 pub(crate) fn begin(s: &StreamShared, mode: CaptureMode) -> DriverResult<()> {
     s.drain()?;

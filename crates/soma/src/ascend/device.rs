@@ -754,14 +754,7 @@ impl DeviceHal for AscendDevice {
                 })
                 .collect()
         };
-        if d.captures.active() {
-            // The runtime refuses a device synchronisation during a capture, possibly without
-            // waiting: drain the streams that are not capturing first (capturing ones hold
-            // no work of their own), so that the refusal still comes after the drain.
-            for (s, _) in streams.iter().filter(|(s, _)| s.capture.id().is_none()) {
-                let _ = s.drain();
-            }
-        }
+        super::capture::drain_outside_captures(d, streams.iter().map(|(s, _)| s));
         raw::device::synchronize(&d.acl).map_err(map_call_err)?;
         // A deferred error is reported only after the drain, which callers count on even
         // when the call fails (the HAL's contract).
@@ -811,14 +804,7 @@ impl DeviceHal for AscendDevice {
     }
 
     fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
-        let d = &self.inner;
-        d.check_err()?;
-        let old = raw::mdl::exchange_mode(&d.acl, ascend_sys::aclmdlRICaptureMode(mode.raw()))
-            .map_err(map_call_err)?;
-        CaptureMode::from_raw(old.0).ok_or_else(|| DriverError::Native {
-            code: 0,
-            message: format!("aclmdlRICaptureThreadExchangeMode returned unknown mode {}", old.0),
-        })
+        super::capture::exchange_mode(&self.inner, mode)
     }
 
     fn create_native_pool(
