@@ -375,3 +375,78 @@ fn foreign_work_on_the_raw_stream_delays_the_release_of_its_memory() {
     pool.trim_to(0).unwrap();
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
 }
+
+#[test]
+fn graph_capture_runs_on_the_ascend_backend() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use soma::hal::{CaptureErrorKind, DriverError};
+    use soma::{CaptureMode, CaptureStatus};
+
+    let _serial = serial();
+    let dev = device();
+    let (s, side) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let mut a = pool.alloc_async::<u8>(4096, &s).unwrap();
+    let mut b = pool.alloc_async::<u8>(4096, &s).unwrap();
+    s.memset(&mut a, 1).unwrap();
+    let enqueued = s.hal().enqueued();
+    let runs = Arc::new(AtomicU64::new(0));
+    let count = |runs: &Arc<AtomicU64>| {
+        let r = Arc::clone(runs);
+        move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let info = s.capture_info().unwrap();
+    assert_eq!(info.status, CaptureStatus::Active);
+    s.host_fn_replayable(count(&runs)).unwrap();
+    s.copy(&mut b, &a).unwrap();
+    s.memset(&mut a, 7).unwrap();
+    let fork = s.record_event().unwrap();
+    side.wait_event(&fork).unwrap();
+    drop(fork); // an event recorded in the capture goes without harming it
+    assert_eq!(side.capture_info().unwrap().capture, info.capture, "joined through the event");
+    side.host_fn_replayable(count(&runs)).unwrap();
+    let join = side.record_event().unwrap();
+    s.wait_event(&join).unwrap();
+    match s.host_fn(|| ()) {
+        Err(Error::Driver(DriverError::Capture { kind, .. })) => {
+            assert_eq!(kind, CaptureErrorKind::NotCapturable)
+        }
+        other => panic!("a run-once host function was not refused: {other:?}"),
+    }
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.id(), info.capture.unwrap());
+    assert_eq!(graph.task_count(), 8);
+    assert_eq!(side.capture_info().unwrap().status, CaptureStatus::None);
+    assert_eq!(s.hal().enqueued(), enqueued, "captured tasks took no position");
+    s.synchronize().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    graph.launch(&s).unwrap();
+    let mut host = [0u8; 4096];
+    s.copy_to_host(&b, &mut host).unwrap();
+    assert_eq!(host, [1; 4096], "b copied a before the memset");
+    graph.launch(&s).unwrap();
+    s.copy_to_host(&b, &mut host).unwrap();
+    assert_eq!(host, [7; 4096]);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    drop(graph);
+
+    // Forbidden: synchronising the capturing stream invalidates the capture.
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let kind = |e: Error| match e {
+        Error::Driver(DriverError::Capture { kind, .. }) => kind,
+        other => panic!("expected a capture error, got {other:?}"),
+    };
+    assert_eq!(kind(s.synchronize().unwrap_err()), CaptureErrorKind::StreamCaptured);
+    assert_eq!(s.capture_info().unwrap().status, CaptureStatus::Invalidated);
+    assert_eq!(kind(s.end_capture().unwrap_err()), CaptureErrorKind::Invalidated);
+    assert_eq!(dev.exchange_capture_mode(CaptureMode::Relaxed).unwrap(), CaptureMode::Global);
+    assert_eq!(dev.exchange_capture_mode(CaptureMode::Global).unwrap(), CaptureMode::Relaxed);
+    s.synchronize().unwrap();
+    drop((a, b, join));
+}

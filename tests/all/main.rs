@@ -8,6 +8,7 @@ mod cross_device;
 mod driver_alloc;
 mod faults;
 mod foreign_work;
+mod graph_capture;
 mod host_transfers;
 mod observe;
 mod owned;

@@ -11,8 +11,19 @@ pub const ACL_ERROR_INVALID_RESOURCE_HANDLE: ::std::os::raw::c_int = 200005;
 pub const ACL_ERROR_FEATURE_UNSUPPORTED: ::std::os::raw::c_int = 200006;
 pub const ACL_ERROR_RT_PARAM_INVALID: ::std::os::raw::c_int = 107000;
 pub const ACL_ERROR_RT_INVALID_HANDLE: ::std::os::raw::c_int = 107017;
+pub const ACL_ERROR_RT_WAIT_TIMEOUT: ::std::os::raw::c_int = 107019;
+pub const ACL_ERROR_RT_CAPTURE_DEPENDENCY: ::std::os::raw::c_int = 107024;
+pub const ACL_ERROR_RT_STREAM_UNJOINED: ::std::os::raw::c_int = 107025;
+pub const ACL_ERROR_RT_MODEL_CAPTURED: ::std::os::raw::c_int = 107026;
+pub const ACL_ERROR_RT_STREAM_CAPTURED: ::std::os::raw::c_int = 107027;
+pub const ACL_ERROR_RT_EVENT_CAPTURED: ::std::os::raw::c_int = 107028;
+pub const ACL_ERROR_RT_STREAM_NOT_CAPTURED: ::std::os::raw::c_int = 107029;
+pub const ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT: ::std::os::raw::c_int = 107030;
+pub const ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT: ::std::os::raw::c_int = 107031;
+pub const ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED: ::std::os::raw::c_int = 107036;
 pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: ::std::os::raw::c_int = 207000;
 pub const ACL_ERROR_RT_MEMORY_ALLOCATION: ::std::os::raw::c_int = 207001;
+pub const ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: ::std::os::raw::c_int = 507903;
 pub type aclrtHostFunc = ::std::option::Option<
     unsafe extern "C" fn(args: *mut ::std::os::raw::c_void),
 >;
@@ -182,6 +193,35 @@ impl aclrtMemGranularityOptions {
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct aclrtMemGranularityOptions(pub ::std::os::raw::c_uint);
+pub type aclmdlRI = *mut ::std::os::raw::c_void;
+impl aclmdlRICaptureMode {
+    pub const ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: aclmdlRICaptureMode = aclmdlRICaptureMode(
+        0,
+    );
+    pub const ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: aclmdlRICaptureMode = aclmdlRICaptureMode(
+        1,
+    );
+    pub const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: aclmdlRICaptureMode = aclmdlRICaptureMode(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclmdlRICaptureMode(pub ::std::os::raw::c_uint);
+impl aclmdlRICaptureStatus {
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_NONE: aclmdlRICaptureStatus = aclmdlRICaptureStatus(
+        0,
+    );
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE: aclmdlRICaptureStatus = aclmdlRICaptureStatus(
+        1,
+    );
+    pub const ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED: aclmdlRICaptureStatus = aclmdlRICaptureStatus(
+        2,
+    );
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct aclmdlRICaptureStatus(pub ::std::os::raw::c_uint);
 pub type aclrtMemPool = *mut ::std::os::raw::c_void;
 impl aclrtMemPoolAttr {
     pub const ACL_RT_MEM_POOL_REUSE_FOLLOW_EVENT_DEPENDENCIES: aclrtMemPoolAttr = aclrtMemPoolAttr(
@@ -466,6 +506,38 @@ pub struct AclLib {
         ) -> aclError,
         ::libloading::Error,
     >,
+    pub aclmdlRICaptureBegin: Result<
+        unsafe extern "C" fn(stream: aclrtStream, mode: aclmdlRICaptureMode) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRICaptureGetInfo: Result<
+        unsafe extern "C" fn(
+            stream: aclrtStream,
+            status: *mut aclmdlRICaptureStatus,
+            modelRI: *mut aclmdlRI,
+        ) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRICaptureEnd: Result<
+        unsafe extern "C" fn(stream: aclrtStream, modelRI: *mut aclmdlRI) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRICaptureThreadExchangeMode: Result<
+        unsafe extern "C" fn(mode: *mut aclmdlRICaptureMode) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRIExecuteAsync: Result<
+        unsafe extern "C" fn(modelRI: aclmdlRI, stream: aclrtStream) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRIExecute: Result<
+        unsafe extern "C" fn(modelRI: aclmdlRI, timeout: i32) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclmdlRIDestroy: Result<
+        unsafe extern "C" fn(modelRI: aclmdlRI) -> aclError,
+        ::libloading::Error,
+    >,
     pub aclrtMemPoolCreate: Result<
         unsafe extern "C" fn(
             memPool: *mut aclrtMemPool,
@@ -613,6 +685,24 @@ impl AclLib {
             __library.get(b"aclrtMemGetAllocationGranularity\0")
         }
             .map(|sym| *sym);
+        let aclmdlRICaptureBegin = unsafe { __library.get(b"aclmdlRICaptureBegin\0") }
+            .map(|sym| *sym);
+        let aclmdlRICaptureGetInfo = unsafe {
+            __library.get(b"aclmdlRICaptureGetInfo\0")
+        }
+            .map(|sym| *sym);
+        let aclmdlRICaptureEnd = unsafe { __library.get(b"aclmdlRICaptureEnd\0") }
+            .map(|sym| *sym);
+        let aclmdlRICaptureThreadExchangeMode = unsafe {
+            __library.get(b"aclmdlRICaptureThreadExchangeMode\0")
+        }
+            .map(|sym| *sym);
+        let aclmdlRIExecuteAsync = unsafe { __library.get(b"aclmdlRIExecuteAsync\0") }
+            .map(|sym| *sym);
+        let aclmdlRIExecute = unsafe { __library.get(b"aclmdlRIExecute\0") }
+            .map(|sym| *sym);
+        let aclmdlRIDestroy = unsafe { __library.get(b"aclmdlRIDestroy\0") }
+            .map(|sym| *sym);
         let aclrtMemPoolCreate = unsafe { __library.get(b"aclrtMemPoolCreate\0") }
             .map(|sym| *sym);
         let aclrtMemPoolDestroy = unsafe { __library.get(b"aclrtMemPoolDestroy\0") }
@@ -671,6 +761,13 @@ impl AclLib {
             aclrtMapMem,
             aclrtUnmapMem,
             aclrtMemGetAllocationGranularity,
+            aclmdlRICaptureBegin,
+            aclmdlRICaptureGetInfo,
+            aclmdlRICaptureEnd,
+            aclmdlRICaptureThreadExchangeMode,
+            aclmdlRIExecuteAsync,
+            aclmdlRIExecute,
+            aclmdlRIDestroy,
             aclrtMemPoolCreate,
             aclrtMemPoolDestroy,
             aclrtMemPoolSetAttr,
@@ -1074,6 +1171,82 @@ impl AclLib {
                 .aclrtMemGetAllocationGranularity
                 .as_ref()
                 .expect("Expected function, got error."))(prop, option, granularity)
+        }
+    }
+    pub unsafe fn aclmdlRICaptureBegin(
+        &self,
+        stream: aclrtStream,
+        mode: aclmdlRICaptureMode,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRICaptureBegin
+                .as_ref()
+                .expect("Expected function, got error."))(stream, mode)
+        }
+    }
+    pub unsafe fn aclmdlRICaptureGetInfo(
+        &self,
+        stream: aclrtStream,
+        status: *mut aclmdlRICaptureStatus,
+        modelRI: *mut aclmdlRI,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRICaptureGetInfo
+                .as_ref()
+                .expect("Expected function, got error."))(stream, status, modelRI)
+        }
+    }
+    pub unsafe fn aclmdlRICaptureEnd(
+        &self,
+        stream: aclrtStream,
+        modelRI: *mut aclmdlRI,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRICaptureEnd
+                .as_ref()
+                .expect("Expected function, got error."))(stream, modelRI)
+        }
+    }
+    pub unsafe fn aclmdlRICaptureThreadExchangeMode(
+        &self,
+        mode: *mut aclmdlRICaptureMode,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRICaptureThreadExchangeMode
+                .as_ref()
+                .expect("Expected function, got error."))(mode)
+        }
+    }
+    pub unsafe fn aclmdlRIExecuteAsync(
+        &self,
+        modelRI: aclmdlRI,
+        stream: aclrtStream,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRIExecuteAsync
+                .as_ref()
+                .expect("Expected function, got error."))(modelRI, stream)
+        }
+    }
+    pub unsafe fn aclmdlRIExecute(&self, modelRI: aclmdlRI, timeout: i32) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRIExecute
+                .as_ref()
+                .expect("Expected function, got error."))(modelRI, timeout)
+        }
+    }
+    pub unsafe fn aclmdlRIDestroy(&self, modelRI: aclmdlRI) -> aclError {
+        unsafe {
+            (self
+                .aclmdlRIDestroy
+                .as_ref()
+                .expect("Expected function, got error."))(modelRI)
         }
     }
     pub unsafe fn aclrtMemPoolCreate(

@@ -54,6 +54,7 @@
 mod device;
 mod error;
 mod memory;
+mod model;
 mod pool;
 mod runtime;
 mod stream;
@@ -62,6 +63,7 @@ mod vmm;
 pub use device::*;
 pub use error::ACL_ERROR_RT_INTERNAL_ERROR;
 pub use memory::*;
+pub use model::*;
 pub use pool::*;
 pub use stream::*;
 pub use vmm::*;

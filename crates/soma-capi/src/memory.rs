@@ -254,6 +254,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
         match (c.kind, c.dev) {
             (Kind::H2H, _) | (_, None) => {
+                rt.current().check_unsafe_call("aclrtMemcpy")?;
                 // SAFETY: the caller guarantees both host ranges are valid; `copy` allows
                 // overlap.
                 unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
@@ -279,7 +280,8 @@ fn in_host_block(rt: &Runtime, addr: usize, count: usize) -> bool {
         .is_some_and(|(&start, &len)| addr.checked_add(count).is_some_and(|end| end <= start + len))
 }
 
-/// A memset of `aclrtMallocHost` memory run on a stream's worker.
+/// A memset of `aclrtMallocHost` memory run on a stream's worker (at every launch, when
+/// captured).
 struct HostMemset {
     dst: *mut u8,
     value: u8,
@@ -287,18 +289,23 @@ struct HostMemset {
 }
 
 // SAFETY: the address is only used by the memset task; the C caller keeps the block alive and
-// untouched until it completes (the contract of every asynchronous call on host memory).
+// untouched until it completes (the contract of every asynchronous call on host memory; until
+// the model is destroyed when the memset was captured).
 unsafe impl Send for HostMemset {}
+// SAFETY: as above; the task only writes through the address when it runs, and the runs of a
+// captured task are ordered (each launch after the previous one on its stream, or the caller
+// keeps concurrent launches apart, as for any memory a model writes).
+unsafe impl Sync for HostMemset {}
 
 impl HostMemset {
-    fn run(self) {
+    fn run(&self) {
         // SAFETY: see the `Send` impl: the range lay inside a live aclrtMallocHost block when
         // the task was enqueued, and stays valid until the task completes.
         unsafe { std::ptr::write_bytes(self.dst, self.value, self.len) }
     }
 }
 
-/// A host-to-host copy run on a stream's worker.
+/// A host-to-host copy run on a stream's worker (at every launch, when captured).
 struct HostCopy {
     dst: *mut u8,
     src: *const u8,
@@ -306,11 +313,14 @@ struct HostCopy {
 }
 
 // SAFETY: the addresses are only used by the copy task; the C caller guarantees they stay
-// valid until it completes (the documented contract of aclrtMemcpyAsync).
+// valid until it completes (the documented contract of aclrtMemcpyAsync; until the model is
+// destroyed when the copy was captured).
 unsafe impl Send for HostCopy {}
+// SAFETY: as for `HostMemset`: the task only uses the addresses when it runs.
+unsafe impl Sync for HostCopy {}
 
 impl HostCopy {
-    fn run(self) {
+    fn run(&self) {
         // SAFETY: see the `Send` impl: both ranges are valid for `len` bytes until the task
         // completes.
         unsafe { std::ptr::copy(self.src, self.dst, self.len) }
@@ -325,6 +335,36 @@ fn check_stream_device(s: &StreamObj, dev: Option<u32>) -> AclResult {
         ))),
         _ => Ok(()),
     }
+}
+
+/// The host ends of an asynchronous copy: on a capturing stream they must be host memory from
+/// `aclrtMallocHost` (the copy runs again at every launch); elsewhere pageable host memory
+/// makes the copy an unsafe call, which the active captures' modes may forbid.
+fn check_host_ends(
+    rt: &'static Runtime,
+    s: &StreamObj,
+    c: &Copy,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+) -> AclResult {
+    let host_ends = match c.kind {
+        Kind::H2H => [Some(dst as usize), Some(src as usize)],
+        Kind::H2D => [Some(src as usize), None],
+        Kind::D2H => [Some(dst as usize), None],
+        Kind::D2D => return Ok(()),
+    };
+    let pageable = host_ends.iter().flatten().any(|&a| !in_host_block(rt, a, count));
+    if !pageable {
+        return Ok(());
+    }
+    if s.stream.capture_info()?.capture.is_some() {
+        return Err(AclErr::new(
+            ascend_sys::AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT,
+            "a captured copy's host memory must come from aclrtMallocHost",
+        ));
+    }
+    rt.dev(s.dev).check_unsafe_call("aclrtMemcpyAsync of pageable host memory")
 }
 
 /// Stream-ordered copy of `count` bytes on `stream` (null: the default stream).
@@ -345,11 +385,12 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
         let s = rt.stream(stream)?;
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
         check_stream_device(&s, c.dev)?;
+        check_host_ends(rt, &s, &c, dst, src, count)?;
         let hal = s.stream.hal();
         match c.kind {
             Kind::H2H => {
                 let task = HostCopy { dst: dst.cast(), src: src.cast(), len: count };
-                Ok(s.stream.host_fn(move || task.run())?)
+                Ok(s.stream.host_fn_replayable(move || task.run())?)
             }
             Kind::D2D => {
                 let (MemRef::Device(d), MemRef::Device(sr)) =
@@ -397,6 +438,8 @@ pub extern "C" fn aclrtMemset(
         let rt = rt()?;
         let addr = devPtr as usize;
         if in_host_block(rt, addr, count) {
+            // Device memsets check themselves in the device; this one never reaches it.
+            rt.current().check_unsafe_call("aclrtMemset")?;
             // SAFETY: the range lies inside a live aclrtMallocHost block.
             unsafe { std::ptr::write_bytes(devPtr.cast::<u8>(), value as u8, count) };
             return Ok(());
@@ -429,7 +472,7 @@ pub extern "C" fn aclrtMemsetAsync(
         }
         if in_host_block(rt, devPtr as usize, count) {
             let task = HostMemset { dst: devPtr.cast(), value: value as u8, len: count };
-            return Ok(s.stream.host_fn(move || task.run())?);
+            return Ok(s.stream.host_fn_replayable(move || task.run())?);
         }
         let dev = rt.mem.lock().device_of(devPtr as u64).ok_or_else(|| {
             AclErr::param(format!(

@@ -196,6 +196,9 @@ struct HostArg(*mut c_void);
 // SAFETY: the pointer is only handed back to the C callback, as CANN does; what it points to
 // is the C caller's business (the documented contract of aclrtLaunchHostFunc).
 unsafe impl Send for HostArg {}
+// SAFETY: as above: sharing the holder only lets the callback be called with the pointer
+// again, at each launch of a model that captured it.
+unsafe impl Sync for HostArg {}
 
 impl HostArg {
     fn get(&self) -> *mut c_void {
@@ -204,7 +207,7 @@ impl HostArg {
 }
 
 /// Enqueues `fn(args)` on `stream`: it runs on the stream's worker thread after the work
-/// enqueued before it.
+/// enqueued before it; captured, it runs at every launch of the model.
 ///
 /// # Safety
 /// `fn` is null or a function that may be called with `args` from another thread.
@@ -218,7 +221,7 @@ pub unsafe extern "C" fn aclrtLaunchHostFunc(
         let Some(f) = r#fn else { return Err(AclErr::param("fn is null")) };
         let s = rt()?.stream(stream)?;
         let arg = HostArg(args);
-        s.stream.host_fn(move || {
+        s.stream.host_fn_replayable(move || {
             // SAFETY: the caller of aclrtLaunchHostFunc guarantees `f` may be called with
             // `args` on another thread.
             unsafe { f(arg.get()) }

@@ -1,8 +1,9 @@
 //! The driver HAL: what a stream-ordered pool needs from a device.
 //!
-//! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these three object-safe
-//! traits; the pool engine and the typed handles of this crate are written against them and
-//! never name a backend.
+//! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these object-safe traits
+//! ([`DeviceHal`], [`StreamHal`], [`EventHal`], and [`GraphHal`] for graph capture); the pool
+//! engine and the typed handles of this crate are written against them and never name a
+//! backend.
 //!
 //! # Who validates what
 //!
@@ -24,11 +25,26 @@
 //! # Failed calls
 //!
 //! A call that returns an error has changed nothing: no task was enqueued, no memory was
-//! allocated, mapped or accounted.
+//! allocated, mapped or accounted. (One exception, graph capture's forbidden calls, which
+//! invalidate the capture: see [`capture`].)
+//!
+//! # Graph capture
+//!
+//! A stream can record its tasks into a graph instead of running them
+//! ([`StreamHal::begin_capture`] … [`StreamHal::end_capture`]) and a [`GraphHal`] runs them
+//! again at every launch. Captured tasks take no stream position; a launch is one task. The
+//! rules are in the [`capture`] module.
 
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
+
+pub mod capture;
+
+pub use capture::{
+    CaptureErrorKind, CaptureInfo, CaptureMode, CaptureStatus, GraphHal, ReplayableHostFn,
+    ReplayableKernel, ReplayableKernelBody,
+};
 
 /// An address in a device's address space.
 ///
@@ -280,6 +296,14 @@ pub enum DriverError {
     /// A failure injected by the software NPU's fault injection.
     #[error("injected fault: {0}")]
     Injected(String),
+    /// A graph capture rule was broken (see the [`capture`] module).
+    #[error("graph capture: {message}")]
+    Capture {
+        /// Which rule.
+        kind: CaptureErrorKind,
+        /// What happened, naming the stream, event or capture.
+        message: String,
+    },
     /// A native error code the mapping functions do not cover.
     #[error("driver error {code}: {message}")]
     Native {
@@ -434,6 +458,17 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// Receives a pool annotation (only called when [`wants_annotations`](Self::wants_annotations)).
     fn annotate(&self, _annotation: PoolAnnotation) {}
 
+    /// Sets the calling thread's capture mode to `mode` and returns the mode it had
+    /// (`aclmdlRICaptureThreadExchangeMode`; every thread starts in [`CaptureMode::Global`]).
+    /// The mode is the thread's, for every device of the backend.
+    ///
+    /// # Errors
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        let _ = mode;
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
+
     /// The object as [`Any`], for backends that need to recognise their own types.
     fn as_any(&self) -> &dyn Any;
 }
@@ -515,19 +550,78 @@ pub trait StreamHal: Send + Sync + 'static {
     ///
     /// # Safety
     /// Host ends must stay valid (readable for `src`, writable and not otherwise accessed for
-    /// `dst`) until the task completes, i.e. until `completed()` reaches its position.
+    /// `dst`) until the task completes, i.e. until `completed()` reaches its position. On a
+    /// capturing stream the copy is recorded and runs at every launch of the graph: host ends
+    /// must then stay valid, and not otherwise accessed while a launch runs, until the graph
+    /// is dropped.
     unsafe fn copy_async(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()>;
 
     /// Enqueues a memset of device memory.
     fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
 
     /// Enqueues a record of `event`; returns the position of the record task. Re-recording
-    /// replaces the event's previous record.
+    /// replaces the event's previous record. On a capturing stream the record is captured:
+    /// it takes no position (the stream's [`enqueued`](Self::enqueued) count is returned)
+    /// and the event's latest record becomes the captured one.
     fn record(&self, event: &dyn EventHal) -> DriverResult<u64>;
 
     /// Makes later tasks of this stream wait until `event`'s latest record (at the time of
-    /// this call) has completed. Waiting on a never-recorded event is a no-op.
+    /// this call) has completed. Waiting on a never-recorded event is a no-op. On a capturing
+    /// stream the wait is captured; a stream that waits on a captured record joins its
+    /// capture ([`capture`]).
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()>;
+
+    /// Enqueues a host function that may run many times: on a capturing stream it is
+    /// captured and runs at every launch of the graph. The default runs it once through
+    /// [`host_fn`](Self::host_fn).
+    fn host_fn_replayable(&self, f: ReplayableHostFn) -> DriverResult<()> {
+        self.host_fn(Box::new(move || f()))
+    }
+
+    /// Enqueues a kernel whose body may run many times: on a capturing stream it is captured
+    /// and runs at every launch of the graph. The default launches it once through
+    /// [`launch`](Self::launch).
+    fn launch_replayable(&self, kernel: ReplayableKernel) -> DriverResult<()> {
+        self.launch(kernel.once())
+    }
+
+    /// Starts capturing this stream's tasks into a new graph (`aclmdlRICaptureBegin`).
+    ///
+    /// # Errors
+    /// [`CaptureErrorKind::StreamCaptured`] when the stream is already capturing;
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn begin_capture(&self, mode: CaptureMode) -> DriverResult<()> {
+        let _ = mode;
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
+
+    /// Ends the capture begun on this stream and returns its graph (`aclmdlRICaptureEnd`);
+    /// every stream of the capture leaves it, whether the call succeeds or not (unless the
+    /// stream or thread is the wrong one).
+    ///
+    /// # Errors
+    /// [`CaptureErrorKind::NotCapturing`], [`CaptureErrorKind::Unmatched`],
+    /// [`CaptureErrorKind::Unjoined`], [`CaptureErrorKind::Invalidated`];
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn end_capture(&self) -> DriverResult<Box<dyn GraphHal>> {
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
+
+    /// The stream's capture state (`aclmdlRICaptureGetInfo`); never capturing by default.
+    ///
+    /// # Errors
+    /// Backend failures (a backend may ask the driver).
+    fn capture_info(&self) -> DriverResult<CaptureInfo> {
+        Ok(CaptureInfo::NONE)
+    }
+
+    /// How many times the stream entered or left a capture: odd while it is capturing. Read
+    /// before and after a call, it tells whether the call may have been captured (an odd
+    /// value, or two different values): what the typed layer checks before it learns
+    /// ordering from a record or a wait. One atomic load; `0` by default.
+    fn capture_epoch(&self) -> u64 {
+        0
+    }
 
     /// The object as [`Any`].
     fn as_any(&self) -> &dyn Any;

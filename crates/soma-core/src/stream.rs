@@ -35,6 +35,9 @@ pub struct Stream<'d> {
     /// The raw handle was handed out: work soma does not see may be enqueued at any time,
     /// so every free first lets the backend count a position for it.
     foreign: AtomicBool,
+    /// The stream began or joined a capture at some point (see the `graph` module): until
+    /// then the pool's capture checks cost one load, not a backend call.
+    pub(crate) capture_hint: AtomicBool,
 }
 
 impl<'d> Stream<'d> {
@@ -52,6 +55,7 @@ impl<'d> Stream<'d> {
             base,
             clock: Mutex::new(VectorClock::new()),
             foreign: AtomicBool::new(false),
+            capture_hint: AtomicBool::new(false),
         })
     }
 
@@ -262,7 +266,13 @@ impl<'d> Stream<'d> {
         // The clock lock spans the enqueue: a wait enqueued after this record cannot join its
         // knowledge into the snapshot (a record must never claim a later wait's ordering).
         let clock = self.clock.lock();
+        let epoch = self.capture_epoch();
         let pos = self.hal.record(event)?;
+        if !self.outside_capture_since(epoch) {
+            // A captured record runs only when a graph is launched: it orders nothing now.
+            self.capture_hint.store(true, Ordering::Relaxed);
+            return Ok(VectorClock::new());
+        }
         let mut snapshot = clock.clone();
         drop(clock);
         snapshot.raise(self.slot, self.base + pos);
@@ -277,7 +287,12 @@ impl<'d> Stream<'d> {
     /// Backend failures, or an event of another device.
     pub fn wait_event(&self, event: &Event<'_>) -> Result<()> {
         self.check_device(event.device(), "the event")?;
-        if let Some(clock) = event.wait_on(self)? {
+        let epoch = self.capture_epoch();
+        let clock = event.wait_on(self)?;
+        if !self.outside_capture_since(epoch) {
+            // A captured wait (or one that made this stream join a capture) orders nothing.
+            self.capture_hint.store(true, Ordering::Relaxed);
+        } else if let Some(clock) = clock {
             self.clock.lock().join(&clock);
         }
         Ok(())
@@ -310,6 +325,10 @@ impl<'d> Stream<'d> {
     /// Records a use of `buffer` by work about to be enqueued here (checks its device).
     pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
         self.check_device(buffer.device(), "the buffer")?;
+        if self.capture_id().is_some() {
+            // Captured work runs at launches, not now: see the `graph` module.
+            return Ok(());
+        }
         buffer.record_use(self)
     }
 
@@ -326,6 +345,8 @@ impl<'d> Stream<'d> {
                 dst.len()
             )));
         }
+        // The staging buffer is freed after the copy's first run: it cannot be replayed.
+        self.refuse_in_capture("copy_from_host")?;
         self.note_use(dst)?;
         let staging: Box<[u8]> = bytemuck::cast_slice(src).into();
         if staging.is_empty() {
@@ -367,6 +388,8 @@ impl<'d> Stream<'d> {
                 src.len()
             )));
         }
+        // It waits for the copy, which a capturing stream would not run.
+        self.refuse_in_capture("copy_to_host")?;
         self.note_use(src)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.is_empty() {
@@ -560,8 +583,8 @@ impl std::fmt::Debug for Stream<'_> {
 
 /// One buffer argument of [`Stream::launch`].
 pub struct KernelArg<'a> {
-    access: BufferAccess,
-    owner: &'a dyn BufferOwner,
+    pub(crate) access: BufferAccess,
+    pub(crate) owner: &'a dyn BufferOwner,
 }
 
 impl<'a> KernelArg<'a> {

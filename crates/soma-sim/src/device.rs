@@ -9,10 +9,11 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use soma_core::hal::{
-    AccessMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
-    MemRef, PhysicalHandle, PoolAnnotation, StreamHal,
+    AccessMode, CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal,
+    MemInfo, MemRef, PhysicalHandle, PoolAnnotation, StreamHal,
 };
 
+use crate::capture::Captures;
 use crate::event::SimEvent;
 use crate::faults::{FaultKind, Faults};
 use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
@@ -173,6 +174,8 @@ pub(crate) struct DeviceCore {
     /// The stream-order sanitizer, when on.
     pub(crate) sanitizer: Option<Arc<Sanitizer>>,
     sanitizer_mode: SanitizerMode,
+    /// The graph captures begun on the device's streams and not ended.
+    pub(crate) captures: Captures,
 }
 
 impl DeviceCore {
@@ -246,6 +249,7 @@ impl SimDevice {
                     ))
                 }),
                 sanitizer_mode: sanitizer.mode,
+                captures: Captures::default(),
             }),
         })
     }
@@ -277,6 +281,24 @@ impl SimDevice {
     /// Returns the sanitizer's reports so far and forgets them.
     pub fn take_sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.take_reports())
+    }
+
+    /// How many graph captures begun on the device's streams have not ended.
+    pub fn active_captures(&self) -> usize {
+        self.core.captures.count()
+    }
+
+    /// Checks an unsafe call — what `what` names: a synchronous copy or memset, or an
+    /// asynchronous copy of pageable host memory — against the capture modes of the calling
+    /// thread and of the device's active captures (see
+    /// [`CaptureMode`](soma_core::hal::CaptureMode)). The device's own synchronous copies and
+    /// memsets check themselves; the C API checks its pageable copies with this.
+    ///
+    /// # Errors
+    /// [`DriverError::Capture`] when the call is forbidden; the captures that forbid it are
+    /// invalidated.
+    pub fn check_unsafe_call(&self, what: &str) -> DriverResult<()> {
+        self.core.captures.check_unsafe_call(what)
     }
 
     /// The fault injection controls of this device.
@@ -654,6 +676,7 @@ impl DeviceHal for SimDevice {
 
     unsafe fn copy_sync(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
         bump(&self.core.calls.sync_copy);
+        self.core.captures.check_unsafe_call("a synchronous copy")?;
         let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
         let end = |m: MemRef, mode| match m {
             MemRef::Device(p) => (End::Device(p.addr()), Some(Range { addr: p.addr(), len, mode })),
@@ -676,6 +699,7 @@ impl DeviceHal for SimDevice {
 
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         bump(&self.core.calls.sync_copy);
+        self.core.captures.check_unsafe_call("a synchronous memset")?;
         let r = Range { addr: dst.addr(), len, mode: AccessMode::Write };
         if let Some(san) = &self.core.sanitizer {
             san.check_host("memset_sync", &[r]).map_err(DriverError::InvalidValue)?;
@@ -687,6 +711,10 @@ impl DeviceHal for SimDevice {
 
     fn wants_annotations(&self) -> bool {
         self.core.sanitizer.is_some()
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        Ok(crate::capture::exchange_thread_mode(mode))
     }
 
     fn annotate(&self, annotation: PoolAnnotation) {

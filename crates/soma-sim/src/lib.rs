@@ -11,6 +11,7 @@
 //! | stream | a worker thread executing tasks strictly in enqueue order |
 //! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |
 //! | event | a position on a stream, stamped with an [`Instant`](std::time::Instant) when it completes |
+//! | model runtime instance (`aclmdlRI`, "ACL graph") | a stream's tasks recorded between `begin_capture` and `end_capture` into a [`SimGraph`]; each launch is one task that runs them again in capture order |
 //! | driver cost | a [`LatencyModel`], off by default |
 //! | hardware faults | [`Faults`]: fail the k-th driver call or a chosen task |
 //! | product model | [`Product`]: whether CANN's native pool API is supported |
@@ -71,9 +72,11 @@
 //! # Ok::<(), soma_sim::hal::DriverError>(())
 //! ```
 
+mod capture;
 mod device;
 mod event;
 mod faults;
+mod graph;
 mod memory;
 pub mod sanitizer;
 mod stream;
@@ -86,6 +89,7 @@ use std::time::Duration;
 pub use device::{CallCounts, SimDevice, SimStats};
 pub use event::SimEvent;
 pub use faults::{FaultKind, Faults};
+pub use graph::SimGraph;
 pub use sanitizer::{ReportKind, SanitizerMode, SanitizerReport};
 /// The driver HAL this crate implements (re-exported from `soma-core`).
 pub use soma_core::hal;

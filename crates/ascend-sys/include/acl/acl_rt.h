@@ -1,7 +1,7 @@
 /*
  * acl_rt.h - the runtime part of the AscendCL (CANN runtime) C API subset declared by soma-rs:
- * devices, contexts, streams, events, host functions, memory, copies and virtual memory
- * management. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
+ * devices, contexts, streams, events, host functions, memory, copies, virtual memory
+ * management and model runtime instances built by stream capture. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
  *
  * Written by the soma-rs project from the public AscendCL documentation (declarations only).
  *
@@ -98,6 +98,24 @@ typedef enum {
     ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF = 0xFFFF
 } aclrtMemGranularityOptions;
 
+/* A model runtime instance: the tasks captured between aclmdlRICaptureBegin and
+ * aclmdlRICaptureEnd, run by aclmdlRIExecuteAsync / aclmdlRIExecute. */
+typedef void *aclmdlRI;
+
+/* Which threads may call the unsafe functions (aclrtMemcpy, aclrtMemset, asynchronous copies
+ * of pageable host memory) while a capture is active. */
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0,       /* no thread */
+    ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL = 1, /* every thread but the capturing one */
+    ACL_MODEL_RI_CAPTURE_MODE_RELAXED = 2       /* every thread */
+} aclmdlRICaptureMode;
+
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0,       /* the stream is not capturing */
+    ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE = 1,     /* its tasks are captured */
+    ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED = 2 /* the capture failed; end it */
+} aclmdlRICaptureStatus;
+
 /* Devices. The current device is per thread. */
 ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtResetDevice(int32_t deviceId);
@@ -162,6 +180,17 @@ ACL_FUNC_VISIBILITY aclError aclrtUnmapMem(void *virPtr);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
                                                               aclrtMemGranularityOptions option,
                                                               size_t *granularity);
+
+/* Model runtime instances built by capturing a stream ("ACL graph"). */
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureGetInfo(aclrtStream stream,
+                                                    aclmdlRICaptureStatus *status,
+                                                    aclmdlRI *modelRI);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode);
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecute(aclmdlRI modelRI, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclmdlRIDestroy(aclmdlRI modelRI);
 
 #ifdef __cplusplus
 }

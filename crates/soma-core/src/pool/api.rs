@@ -233,6 +233,7 @@ impl<'d> MemPool<'d> {
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         handle: impl Fn(Granted) -> H,
     ) -> Result<H> {
+        stream.refuse_in_capture("a pool allocation")?;
         let location = Some(location);
         let granted = match &self.kind {
             PoolKind::Engine(core) => {
@@ -254,6 +255,7 @@ impl<'d> MemPool<'d> {
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
         stream.check_device(&self.device, "the pool")?;
+        stream.refuse_in_capture("a pool allocation")?;
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
@@ -277,6 +279,7 @@ impl<'d> MemPool<'d> {
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
         stream.check_device(&self.device, "the pool")?;
+        stream.refuse_in_capture("a pool free")?;
         let cores = match self.backend() {
             Backend::Engine(cores) => cores,
             Backend::Native(native) => return native.free(ptr, stream, &[]),

@@ -34,6 +34,7 @@ impl PoolCore {
     /// as [`PoolCore::free_block`].
     #[inline]
     pub(super) fn free_typed(&self, f: &TypedFree<'_>) -> Result<()> {
+        f.stream.refuse_in_capture("a pool free")?;
         let (Some(ring), Some(block)) = (&self.free_ring, f.block) else {
             return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
         };
@@ -142,6 +143,9 @@ fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
         // A stream that held the slot before the live one was dropped, which drained it:
         // nothing to wait for (and the live stream never touched this block).
         if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
+            // A record on a capturing stream would be captured, and the wait on it would make
+            // the freeing stream join that capture.
+            crate::graph::refuse_capturing(&*live.hal, "ordering a pool free after a use")?;
             let event = device.hal.create_event()?;
             let pos = live.hal.record(&*event)?;
             stream.wait_raw(&*event)?;

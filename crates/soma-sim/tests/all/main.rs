@@ -1,5 +1,6 @@
 //! Integration tests of the software NPU, as one binary (a module per topic).
 
+mod capture;
 mod events;
 mod faults;
 mod memory;

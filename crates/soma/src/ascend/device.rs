@@ -14,10 +14,11 @@ use ascend_sys::{
     aclrtMemcpyKind, aclrtPhysicalMemProp, Acl,
 };
 use soma_core::hal::{
-    DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo, MemRef,
-    PhysicalHandle, StreamHal,
+    CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
+    MemRef, PhysicalHandle, StreamHal,
 };
 
+use super::capture::Captures;
 use super::conv::{dev_ptr, is_unsupported, map_alloc_err, map_call_err, to_dev_ptr, to_usize};
 use super::event::AscendEvent;
 use super::raw::{self, ACL_ERROR_REPEAT_INITIALIZE};
@@ -189,6 +190,8 @@ pub(crate) struct DeviceInner {
     streams: Mutex<Vec<Weak<StreamShared>>>,
     deferred: Mutex<Option<DriverError>>,
     next_stream_id: AtomicU64,
+    /// The graph captures active on the device's streams.
+    pub(crate) captures: Captures,
 }
 
 impl DeviceInner {
@@ -261,6 +264,11 @@ impl DeviceInner {
         let mut v = lock(&self.streams);
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(s));
+    }
+
+    /// The device's streams that are alive.
+    pub(crate) fn live_streams(&self) -> Vec<Arc<StreamShared>> {
+        lock(&self.streams).iter().filter_map(Weak::upgrade).collect()
     }
 
     pub(crate) fn next_stream_id(&self) -> u64 {
@@ -484,6 +492,7 @@ impl AscendDevice {
                 streams: Mutex::new(Vec::new()),
                 deferred: Mutex::new(None),
                 next_stream_id: AtomicU64::new(1),
+                captures: Captures::default(),
             }),
         })
     }
@@ -784,6 +793,7 @@ impl DeviceHal for AscendDevice {
                 })
                 .collect()
         };
+        super::capture::drain_outside_captures(d, streams.iter().map(|(s, _)| s));
         raw::device::synchronize(&d.acl).map_err(map_call_err)?;
         // A deferred error is reported only after the drain, which callers count on even
         // when the call fails (the HAL's contract).
@@ -830,6 +840,10 @@ impl DeviceHal for AscendDevice {
             unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
                 .map_err(map_call_err)
         })
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        super::capture::exchange_mode(&self.inner, mode)
     }
 
     fn create_native_pool(

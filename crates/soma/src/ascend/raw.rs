@@ -11,10 +11,10 @@ use std::ffi::{c_void, CStr};
 use std::fmt;
 
 use ascend_sys::{
-    acl_fn, aclrtDrvMemHandle, aclrtEvent, aclrtEventRecordedStatus, aclrtHostFunc, aclrtMemAttr,
-    aclrtMemGranularityOptions, aclrtMemMallocPolicy, aclrtMemPool, aclrtMemPoolAttr,
-    aclrtMemPoolProps, aclrtMemcpyKind, aclrtPhysicalMemProp, aclrtStream, aclrtStreamStatus, Acl,
-    AclError, LoadError,
+    acl_fn, aclmdlRI, aclmdlRICaptureMode, aclmdlRICaptureStatus, aclrtDrvMemHandle, aclrtEvent,
+    aclrtEventRecordedStatus, aclrtHostFunc, aclrtMemAttr, aclrtMemGranularityOptions,
+    aclrtMemMallocPolicy, aclrtMemPool, aclrtMemPoolAttr, aclrtMemPoolProps, aclrtMemcpyKind,
+    aclrtPhysicalMemProp, aclrtStream, aclrtStreamStatus, Acl, AclError, LoadError,
 };
 
 /// Why a call failed.
@@ -571,5 +571,84 @@ pub(crate) mod pool {
         let f = sym!(acl, aclrtMemPoolTrimTo)?;
         // SAFETY: the caller guarantees `p`.
         check(acl, "aclrtMemPoolTrimTo", unsafe { f(p, bytes) })
+    }
+}
+
+/// Model runtime instances built by stream capture (`aclmdlRI*`).
+pub(crate) mod mdl {
+    use super::*;
+
+    /// `aclmdlRICaptureBegin(s, mode)`.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_begin(
+        acl: &Acl,
+        s: aclrtStream,
+        mode: aclmdlRICaptureMode,
+    ) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRICaptureBegin)?;
+        // SAFETY: the caller guarantees `s`.
+        check(acl, "aclmdlRICaptureBegin", unsafe { f(s, mode) })
+    }
+
+    /// `aclmdlRICaptureGetInfo(s)`: the status and the model the stream captures into.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_get_info(
+        acl: &Acl,
+        s: aclrtStream,
+    ) -> CallResult<(aclmdlRICaptureStatus, aclmdlRI)> {
+        let f = sym!(acl, aclmdlRICaptureGetInfo)?;
+        let mut status = aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+        let mut model: aclmdlRI = std::ptr::null_mut();
+        // SAFETY: the caller guarantees `s`; both out-pointers are valid.
+        check(acl, "aclmdlRICaptureGetInfo", unsafe { f(s, &mut status, &mut model) })?;
+        Ok((status, model))
+    }
+
+    /// `aclmdlRICaptureEnd(s)`: the captured model.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_end(acl: &Acl, s: aclrtStream) -> CallResult<aclmdlRI> {
+        let f = sym!(acl, aclmdlRICaptureEnd)?;
+        let mut model: aclmdlRI = std::ptr::null_mut();
+        // SAFETY: the caller guarantees `s`; `model` is a valid out-pointer.
+        check(acl, "aclmdlRICaptureEnd", unsafe { f(s, &mut model) })?;
+        Ok(model)
+    }
+
+    /// `aclmdlRICaptureThreadExchangeMode`: sets the calling thread's mode, returns the old one.
+    pub(crate) fn exchange_mode(
+        acl: &Acl,
+        mode: aclmdlRICaptureMode,
+    ) -> CallResult<aclmdlRICaptureMode> {
+        let f = sym!(acl, aclmdlRICaptureThreadExchangeMode)?;
+        let mut m = mode;
+        // SAFETY: `m` is valid for a read and a write.
+        check(acl, "aclmdlRICaptureThreadExchangeMode", unsafe { f(&mut m) })?;
+        Ok(m)
+    }
+
+    /// `aclmdlRIExecuteAsync(m, s)`.
+    ///
+    /// # Safety
+    /// `m` is a live model and `s` a live stream of `acl`.
+    pub(crate) unsafe fn execute_async(acl: &Acl, m: aclmdlRI, s: aclrtStream) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRIExecuteAsync)?;
+        // SAFETY: the caller guarantees `m` and `s`.
+        check(acl, "aclmdlRIExecuteAsync", unsafe { f(m, s) })
+    }
+
+    /// `aclmdlRIDestroy(m)`.
+    ///
+    /// # Safety
+    /// `m` is a live model of `acl` with no execution in flight, not used afterwards.
+    pub(crate) unsafe fn destroy(acl: &Acl, m: aclmdlRI) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRIDestroy)?;
+        // SAFETY: the caller guarantees `m`.
+        check(acl, "aclmdlRIDestroy", unsafe { f(m) })
     }
 }

@@ -433,3 +433,40 @@ aclError aclrtMemPoolTrimTo(aclrtMemPool mp, size_t keep) {
     if (keep > pl->max) return fail(ACL_ERROR_INVALID_PARAM, "mock: keep > size");
     return ACL_SUCCESS;
 }
+
+/* ---- acl_rt.h, model runtime instances: this double offers no capture (the backend's capture
+ * runs over soma-capi in the integration tests); it answers as a runtime without it would ---- */
+aclError aclmdlRICaptureBegin(aclrtStream s, aclmdlRICaptureMode mode) {
+    (void)s;
+    (void)mode;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: no stream capture");
+}
+aclError aclmdlRICaptureGetInfo(aclrtStream s, aclmdlRICaptureStatus *status, aclmdlRI *m) {
+    (void)s;
+    *status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+    *m = NULL;
+    return ACL_SUCCESS;
+}
+aclError aclmdlRICaptureEnd(aclrtStream s, aclmdlRI *m) {
+    (void)s;
+    (void)m;
+    return fail(ACL_ERROR_RT_STREAM_NOT_CAPTURED, "mock: not capturing");
+}
+aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode) {
+    (void)mode;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: no stream capture");
+}
+aclError aclmdlRIExecuteAsync(aclmdlRI m, aclrtStream s) {
+    (void)m;
+    (void)s;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
+}
+aclError aclmdlRIExecute(aclmdlRI m, int32_t timeout) {
+    (void)m;
+    (void)timeout;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
+}
+aclError aclmdlRIDestroy(aclmdlRI m) {
+    (void)m;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
+}
