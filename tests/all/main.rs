@@ -5,6 +5,7 @@ mod ascend_backend;
 mod bad_input;
 mod common;
 mod cross_device;
+mod default_pool;
 mod driver_alloc;
 mod faults;
 mod foreign_work;

@@ -23,6 +23,22 @@ pub const MAX_STREAMS: usize = 1024;
 #[derive(Clone)]
 pub struct Device {
     pub(crate) shared: Arc<DeviceShared>,
+    /// Present in every handle but the device's own default pool's: when the last handle
+    /// that has it goes, the default pool goes too (the pool holds a handle without it, so
+    /// the device and its default pool do not keep each other alive).
+    _owner: Option<Arc<DeviceOwner>>,
+}
+
+/// Drops the device's default pool when the last owning [`Device`] handle goes.
+struct DeviceOwner(Weak<DeviceShared>);
+
+impl Drop for DeviceOwner {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            let pool = shared.default_pool.lock().pool.take();
+            drop(pool);
+        }
+    }
 }
 
 /// A live stream as the device sees it: its backend and its slot's base.
@@ -63,6 +79,8 @@ pub(crate) struct DeviceShared {
     pub(crate) hal: Arc<dyn DeviceHal>,
     pub(crate) slots: Slots<Arc<dyn StreamHal>>,
     listeners: Mutex<Vec<Weak<dyn StreamEventListener>>>,
+    /// The device's default pool, made on first use (see `Device::default_pool`).
+    pub(crate) default_pool: Mutex<crate::pool::DefaultPool>,
 }
 
 impl DeviceShared {
@@ -125,13 +143,20 @@ impl DeviceShared {
 impl Device {
     /// Wraps a backend device. Backends call this once per device and hand out clones.
     pub fn new(hal: Arc<dyn DeviceHal>) -> Device {
-        Device {
-            shared: Arc::new(DeviceShared {
-                hal,
-                slots: Slots::new(MAX_STREAMS),
-                listeners: Mutex::new(Vec::new()),
-            }),
-        }
+        let shared = Arc::new(DeviceShared {
+            hal,
+            slots: Slots::new(MAX_STREAMS),
+            listeners: Mutex::new(Vec::new()),
+            default_pool: Mutex::new(crate::pool::DefaultPool::default()),
+        });
+        let owner = Some(Arc::new(DeviceOwner(Arc::downgrade(&shared))));
+        Device { shared, _owner: owner }
+    }
+
+    /// A handle to the same device that does not keep its default pool alive: what the
+    /// default pool itself holds.
+    pub(crate) fn without_owner(&self) -> Device {
+        Device { shared: Arc::clone(&self.shared), _owner: None }
     }
 
     /// Static facts: ordinal, memory, granularity, product model.

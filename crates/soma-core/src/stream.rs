@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -38,6 +38,8 @@ pub struct Stream<'d> {
     /// The stream began or joined a capture at some point (see the `graph` module): until
     /// then the pool's capture checks cost one load, not a backend call.
     pub(crate) capture_hint: AtomicBool,
+    /// The device's default pool, once this stream allocated from it (`alloc_async`).
+    pub(crate) default_pool: OnceLock<crate::pool::OwnedPool>,
 }
 
 impl<'d> Stream<'d> {
@@ -56,6 +58,7 @@ impl<'d> Stream<'d> {
             clock: Mutex::new(VectorClock::new()),
             foreign: AtomicBool::new(false),
             capture_hint: AtomicBool::new(false),
+            default_pool: OnceLock::new(),
         })
     }
 

@@ -324,6 +324,12 @@ impl MemPoolBuilder {
         Ok(pool)
     }
 
+    /// Whether `build` would accept this configuration on `device` (its checks, without
+    /// building).
+    pub(super) fn check(&self, device: &Device) -> Result<()> {
+        self.validate(device).map(|_| ())
+    }
+
     /// Checks the configuration against `device`; returns the max size (rounded to the
     /// device granularity) and the release threshold.
     fn validate(&self, device: &Device) -> Result<(u64, u64)> {

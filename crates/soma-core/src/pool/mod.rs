@@ -19,6 +19,7 @@
 //! | `native.rs` | the driver's own pool behind the same API |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
+//! | `default.rs` | a device's default pool, and `Stream::alloc_async` from it |
 //! | `owned.rs` | [`OwnedPool`] and [`OwnedAlloc`]: the same, `'static`, for long-lived engines |
 //! | `transfer.rs` | allocations that start with known contents (zeros, an upload) |
 //! | `attr.rs`, `stats.rs`, `observe_api.rs` | attributes, counters, snapshots and history |
@@ -31,6 +32,7 @@ mod backing;
 mod builder;
 mod compact;
 mod core;
+mod default;
 mod free;
 pub mod free_ring;
 mod handle;
@@ -50,6 +52,7 @@ mod transfer;
 pub use alloc::PoolAlloc;
 pub use api::MemPool;
 pub use builder::MemPoolBuilder;
+pub(crate) use default::DefaultPool;
 pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};
 pub use stats::{PoolStats, ReuseCounts};
