@@ -335,7 +335,7 @@ fn print_report(
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
              \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
-            soma::observe::json_string(&trace.name),
+            serde_json::to_string(&trace.name)?,
             ops,
             n,
             ns_per_op,
