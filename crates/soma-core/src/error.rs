@@ -52,7 +52,14 @@ pub enum Error {
 ///   cause: 4.0 MiB is free in the pool but the largest free block is 2.0 MiB: the free memory is fragmented
 ///   hint: 4.0 MiB is cached on stream 2 and not reusable on stream 1: enable follow_event_dependencies …
 /// ```
+///
+/// With the `serde` feature it serializes as an object keyed by the field names (`pending` a
+/// list of [`PendingFree`](crate::observe::PendingFree), `reuse` a
+/// [`ReusePolicy`](crate::ReusePolicy) object), for an engine's logs and metrics. It is not
+/// `Deserialize`: it is the pool's account of one failed allocation, which nothing takes
+/// back as input, and reading it back would freeze its fields as an input format.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct OutOfMemory {
     /// Bytes asked for.
     pub requested: u64,

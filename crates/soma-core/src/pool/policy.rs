@@ -25,7 +25,10 @@ pub type OomHook = Arc<dyn Fn(&OutOfMemory) -> OomAction + Send + Sync>;
 /// Which cross-stream reuse rules a pool applies (same-stream reuse is always on).
 ///
 /// See `docs/semantics.md` for the rules; the switches are the C API's attributes 0x1–0x3.
+/// With the `serde` feature it serializes (in [`OutOfMemory`](crate::OutOfMemory) reports)
+/// as an object keyed by the field names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ReusePolicy {
     /// Rule 2: reuse a block freed on stream S on stream T when T waited on an event recorded

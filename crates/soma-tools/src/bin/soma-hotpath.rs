@@ -20,9 +20,90 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use clap::{Parser, Subcommand, ValueEnum};
 use soma::MemPool;
 use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, Tlsf};
 use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
+
+/// Runs the hot-path pair (alloc + free of 4 KiB, one stream) PAIRS times on one allocator
+/// with LIVE other live blocks, for profilers; `random` replays RMM's random_allocations
+/// instead.
+///
+/// Instructions per pair are the difference of two runs with different PAIRS, divided by
+/// the difference (e.g. `valgrind --tool=callgrind soma-hotpath soma 64 100000`). The
+/// software NPU's memory is SOMA_HOTPATH_CAPACITY_MIB when set [default: 8192 for the pair,
+/// 524288 for `random`; valgrind cannot reserve the latter: use 32768 there].
+#[derive(Debug, Parser)]
+#[command(
+    name = "soma-hotpath",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    random: Option<Random>,
+    /// The allocator.
+    #[arg(value_enum, required = true)]
+    allocator: Option<PairsAllocator>,
+    /// Live blocks around the pair (the checkerboard of the hot-path bench).
+    #[arg(required = true)]
+    live: Option<usize>,
+    /// Alloc + free pairs to run.
+    #[arg(required = true)]
+    pairs: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Random {
+    /// Replays RMM's random_allocations sequence REPLAYS times on the same allocator, as
+    /// RMM's benchmark does: the first replay grows it, later ones run warm (the
+    /// instructions of one warm replay are the difference of two runs with different
+    /// REPLAYS).
+    Random {
+        /// The allocator (`-retain`: without recycling on growth).
+        #[arg(value_enum)]
+        allocator: RandomAllocator,
+        /// Allocations in the sequence.
+        n: usize,
+        /// Largest allocation, in MiB.
+        max_mib: u64,
+        /// Replays of the sequence.
+        #[arg(default_value_t = 1)]
+        replays: usize,
+    },
+}
+
+/// The allocators of the hot-path pair.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PairsAllocator {
+    /// The public API (`MemPool`, `PoolAlloc`) on the software NPU.
+    Soma,
+    /// The owned handles (`OwnedPool`, `OwnedAlloc`) on the software NPU.
+    SomaOwned,
+    /// The engine alone, on a fake backing.
+    SomaEngine,
+    /// The offset-allocator crate.
+    OffsetAllocator,
+    /// A TLSF allocator.
+    Tlsf,
+}
+
+/// The allocators of the random_allocations replays.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum RandomAllocator {
+    /// The public API on the software NPU.
+    Soma,
+    /// The public API without recycling on growth.
+    SomaRetain,
+    /// The engine alone, on a fake backing.
+    SomaEngine,
+    /// The engine alone without recycling on growth.
+    SomaEngineRetain,
+    /// The offset-allocator crate.
+    OffsetAllocator,
+    /// A TLSF allocator.
+    Tlsf,
+}
 
 fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
     let w = checkerboard(live, 512);
@@ -48,72 +129,103 @@ fn capacity(default_mib: u64) -> u64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("random") {
-        let (which, n, max, replays) = match args.as_slice() {
-            [_, which, n, max] => (which, n, max, "1"),
-            [_, which, n, max, replays] => (which, n, max, replays.as_str()),
-            _ => {
-                eprintln!(
-                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
-                );
-                std::process::exit(2);
-            }
-        };
-        let (n, max) = (n.parse().expect("N"), max.parse().expect("MAX_MIB"));
-        let replays = replays.parse().expect("REPLAYS");
-        match which.as_str() {
-            "soma" | "soma-retain" => {
+    let cli = Cli::parse();
+    if let Some(Random::Random { allocator, n, max_mib: max, replays }) = cli.random {
+        match allocator {
+            RandomAllocator::Soma | RandomAllocator::SomaRetain => {
                 let npu =
                     soma::sim::Npu::builder().capacity(capacity(512 << 10)).build().expect("npu");
                 let dev = npu.device(0).expect("device");
                 let s = dev.create_stream().expect("stream");
-                let recycle = which == "soma";
+                let recycle = matches!(allocator, RandomAllocator::Soma);
                 let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
                 let name = if recycle { "soma" } else { "soma-retain" };
                 random(SomaApi::named(&pool, &s, name), n, max, replays);
             }
-            "soma-engine" => random(SomaEngine::new(1 << 40, 512), n, max, replays),
-            "soma-engine-retain" => {
+            RandomAllocator::SomaEngine => random(SomaEngine::new(1 << 40, 512), n, max, replays),
+            RandomAllocator::SomaEngineRetain => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
             }
-            "offset-allocator" => {
+            RandomAllocator::OffsetAllocator => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
-            _ => random(Tlsf::new(1 << 40), n, max, replays),
+            RandomAllocator::Tlsf => random(Tlsf::new(1 << 40), n, max, replays),
         }
         return;
     }
-    let [which, live, n] = args.as_slice() else {
-        eprintln!(
-            "usage: soma-hotpath soma|soma-owned|soma-engine|offset-allocator|tlsf LIVE PAIRS"
-        );
-        std::process::exit(2);
+    let (Some(which), Some(live), Some(n)) = (cli.allocator, cli.live, cli.pairs) else {
+        unreachable!("clap requires ALLOCATOR, LIVE and PAIRS without a subcommand");
     };
-    let live: usize = live.parse().expect("LIVE");
-    let n: u64 = n.parse().expect("PAIRS");
     const RANGE: u64 = 1 << 40;
-    match which.as_str() {
-        "soma" => {
+    match which {
+        PairsAllocator::Soma => {
             let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
             let dev = npu.device(0).expect("device");
             let s = dev.create_stream().expect("stream");
             let pool = MemPool::builder().build(&dev).expect("pool");
             pairs(SomaApi::new(&pool, &s), live, n);
         }
-        "soma-owned" => {
+        PairsAllocator::SomaOwned => {
             let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
             let dev = npu.device(0).expect("device");
             let s = dev.create_owned_stream().expect("stream");
             let pool = MemPool::builder().build_owned(&dev).expect("pool");
             pairs(SomaOwned::new(pool, s), live, n);
         }
-        "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n),
-        "offset-allocator" => pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n),
-        "tlsf" => pairs(Tlsf::new(RANGE), live, n),
-        other => {
-            eprintln!("unknown allocator {other}");
-            std::process::exit(2);
+        PairsAllocator::SomaEngine => pairs(SomaEngine::new(RANGE, 512), live, n),
+        PairsAllocator::OffsetAllocator => {
+            pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n)
         }
+        PairsAllocator::Tlsf => pairs(Tlsf::new(RANGE), live, n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("soma-hotpath").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn parses_both_forms() {
+        let pairs = parse(&["soma-owned", "64", "100000"]).unwrap();
+        assert!(pairs.random.is_none());
+        assert!(matches!(pairs.allocator, Some(PairsAllocator::SomaOwned)));
+        assert_eq!((pairs.live, pairs.pairs), (Some(64), Some(100_000)));
+        let random = parse(&["random", "soma-engine-retain", "1000", "4"]).unwrap();
+        let Some(Random::Random { allocator, n, max_mib, replays }) = random.random else {
+            panic!("random: {random:?}");
+        };
+        assert!(matches!(allocator, RandomAllocator::SomaEngineRetain));
+        assert_eq!((n, max_mib, replays), (1000, 4, 1));
+        let Some(Random::Random { replays, .. }) =
+            parse(&["random", "tlsf", "10", "1", "3"]).unwrap().random
+        else {
+            panic!("random with REPLAYS");
+        };
+        assert_eq!(replays, 3);
+    }
+
+    #[test]
+    fn refuses_unknown_allocators_and_missing_counts() {
+        for args in [
+            &["soma", "64"][..],
+            &["soma-retain", "64", "10"],
+            &["random", "soma-owned", "10", "1"],
+            &["random", "soma", "10"],
+            &["soma", "x", "10"],
+            &[],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -36,33 +36,75 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::{ArgAction, Parser};
 use soma::{MemPool, PoolAlloc, Stream};
 use soma_tools::trace::{Op, Trace};
 
-#[derive(Debug)]
+/// Replays one allocator trace on the software NPU through soma's public API and prints what
+/// it cost: time per op, peak used and reserved memory, fragmentation, driver calls, reuses.
+///
+/// Sizes accept K, M, G suffixes (powers of 1024). The figures are those of the last replay,
+/// peaks over all.
+#[derive(Debug, Parser)]
+#[command(name = "soma-replay", arg_required_else_help = true)]
 struct Args {
+    /// The allocation trace: CSV `op,id,bytes,stream`, gzipped or not. The workspace's own
+    /// are data/traces/*.csv.gz (format in data/traces/README.md).
+    #[arg(value_name = "TRACE.csv[.gz]")]
     trace: PathBuf,
+    /// Alignment of every block [default: the pool's, 512 B].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     alignment: Option<u64>,
+    /// Most memory the pool may hold [default: the pool's, the device's total memory].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     max_size: Option<u64>,
+    /// Reserved bytes kept at a synchronization [default: the pool's, the max size].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     release_threshold: Option<u64>,
-    /// `--streams`; `None`: the trace's recorded streams.
+    /// Runs op k of the trace on stream k mod N; a free on another stream than its
+    /// allocation's hands the allocation off first (an event recorded on its stream, waited
+    /// on by the freeing stream) [default: the trace's `stream` column: one stream per
+    /// distinct value, each op on its recorded stream].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     streams: Option<usize>,
+    /// Builds the pool with `stream_shards(S)`.
+    #[arg(long, value_name = "S", default_value_t = 1)]
     shards: usize,
+    /// Synchronizes the device every K ops of the trace (where the release threshold
+    /// applies); 0: only at the end.
+    #[arg(long, value_name = "K", default_value_t = 0)]
     sync_every: usize,
+    /// Device memory of the software NPU.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "64G")]
     capacity: u64,
+    /// Builds the pool with `recycle_on_growth(false)` [default: recycling on].
+    #[arg(long = "no-recycle", action = ArgAction::SetFalse)]
     recycle: bool,
+    /// Replays the trace R times on the same pool; what is live at the end of a replay is
+    /// freed before the next (the model unloaded and loaded again).
+    #[arg(long, value_name = "R", value_parser = at_least_one, default_value_t = 1)]
     replays: usize,
+    /// Keeps what the first replay leaves live (the weights, a training run's optimizer
+    /// state) allocated, and later replays skip it, as a server or a training loop running
+    /// the model again does [default: freed between replays].
+    #[arg(long)]
     resident: bool,
+    /// Runs all ops of replay r on stream r mod N instead of spreading them over the streams
+    /// (a server that runs each request on one stream, its streams in turn); needs
+    /// --streams [default: ops spread over the streams].
+    #[arg(long, requires = "streams")]
     stream_per_replay: bool,
+    /// Synchronizes the device after each replay, once what it leaves live has been freed
+    /// (or kept, with --resident): a server that waits for each request [default: no
+    /// synchronization between replays].
+    #[arg(long)]
     sync_per_replay: bool,
+    /// Prints the figures as one JSON object instead of a table.
+    #[arg(long)]
     json: bool,
 }
 
-const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
-[--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
-traces: the workspace's own are data/traces/*.csv.gz (format in data/traces/README.md)";
-
+/// A byte count, with an optional `K`, `M` or `G` suffix (powers of 1024).
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
@@ -73,85 +115,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
     num.parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}"))
+        .ok_or_else(|| format!("bad size {s:?} (bytes, with an optional K, M or G suffix)"))
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args {
-        trace: PathBuf::new(),
-        alignment: None,
-        max_size: None,
-        release_threshold: None,
-        streams: None,
-        shards: 1,
-        sync_every: 0,
-        capacity: 64 << 30,
-        recycle: true,
-        replays: 1,
-        resident: false,
-        stream_per_replay: false,
-        sync_per_replay: false,
-        json: false,
-    };
-    let mut trace = None;
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "--alignment" => a.alignment = Some(parse_size(&value("--alignment")?)?),
-            "--max-size" => a.max_size = Some(parse_size(&value("--max-size")?)?),
-            "--release-threshold" => {
-                a.release_threshold = Some(parse_size(&value("--release-threshold")?)?)
-            }
-            "--capacity" => a.capacity = parse_size(&value("--capacity")?)?,
-            "--streams" => {
-                let n = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?;
-                a.streams = Some(n);
-                if n == 0 {
-                    return Err("--streams must be at least 1".into());
-                }
-            }
-            "--shards" => {
-                a.shards = value("--shards")?.parse().map_err(|e| format!("--shards: {e}"))?;
-            }
-            "--sync-every" => {
-                a.sync_every =
-                    value("--sync-every")?.parse().map_err(|e| format!("--sync-every: {e}"))?
-            }
-            "--no-recycle" => a.recycle = false,
-            "--replays" => {
-                a.replays = value("--replays")?.parse().map_err(|e| format!("--replays: {e}"))?;
-                if a.replays == 0 {
-                    return Err("--replays must be at least 1".into());
-                }
-            }
-            "--resident" => a.resident = true,
-            "--stream-per-replay" => a.stream_per_replay = true,
-            "--sync-per-replay" => a.sync_per_replay = true,
-            "--json" => a.json = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            s => {
-                if trace.replace(PathBuf::from(s)).is_some() {
-                    return Err(format!("one trace only\n{USAGE}"));
-                }
-            }
-        }
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
-    a.trace = trace.ok_or_else(|| USAGE.to_string())?;
-    if a.stream_per_replay && a.streams.is_none() {
-        return Err("--stream-per-replay needs --streams N".into());
-    }
-    Ok(a)
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -335,7 +312,7 @@ fn print_report(
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
              \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
-            soma::observe::json_string(&trace.name),
+            serde_json::to_string(&trace.name)?,
             ops,
             n,
             ns_per_op,
@@ -408,41 +385,59 @@ fn print_report(
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("soma-replay").chain(args.iter().copied()))
+    }
+
     #[test]
     fn parses_sizes_and_options() {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert_eq!(parse_size("2M").unwrap(), 2 << 20);
         assert_eq!(parse_size("8g").unwrap(), 8 << 30);
         assert!(parse_size("x").is_err());
-        let a = parse_args(
-            [
-                "t.csv",
-                "--streams",
-                "4",
-                "--max-size",
-                "1G",
-                "--json",
-                "--no-recycle",
-                "--replays",
-                "3",
-                "--shards",
-                "2",
-                "--resident",
-                "--stream-per-replay",
-                "--sync-per-replay",
-            ]
-            .map(String::from)
-            .into_iter(),
-        )
+        assert!(parse_size("99999999999G").is_err());
+        let a = parse(&[
+            "t.csv",
+            "--streams",
+            "4",
+            "--max-size",
+            "1G",
+            "--json",
+            "--no-recycle",
+            "--replays",
+            "3",
+            "--shards",
+            "2",
+            "--resident",
+            "--stream-per-replay",
+            "--sync-per-replay",
+        ])
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (Some(4), Some(1 << 30), true));
         assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
         assert!(a.stream_per_replay && a.sync_per_replay);
-        assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
-        assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
-        assert!(parse_args(std::iter::empty()).is_err());
-        assert!(parse_args(["t", "--stream-per-replay"].map(String::from).into_iter()).is_err());
-        assert_eq!(parse_args(std::iter::once("t".to_string())).unwrap().streams, None);
+        assert!(parse(&["--replays", "0", "t"]).is_err());
+        assert!(parse(&["--streams", "0", "t"]).is_err());
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["t", "u"]).is_err(), "one trace only");
+        assert!(parse(&["t", "--stream-per-replay"]).is_err());
+    }
+
+    #[test]
+    fn defaults_are_the_default_pool_on_the_recorded_streams() {
+        let a = parse(&["t"]).unwrap();
+        assert_eq!(
+            (a.alignment, a.max_size, a.release_threshold, a.streams),
+            (None, None, None, None)
+        );
+        assert_eq!((a.shards, a.sync_every, a.capacity, a.replays), (1, 0, 64 << 30, 1));
+        assert!(a.recycle && !a.resident && !a.stream_per_replay && !a.sync_per_replay && !a.json);
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
     }
 
     #[test]
