@@ -14,7 +14,7 @@
 use std::hint::black_box;
 
 use soma::PoolAlloc;
-use soma_tools::baselines::{Allocator, SomaEngine};
+use soma_tools::baselines::{Allocator, DriverCalls, SomaEngine};
 use soma_tools::workload::print_random_replays;
 
 /// Words of padding that make the engine's handle (`BlockId`, one word) as large as a
@@ -40,7 +40,7 @@ impl<A: Allocator> Allocator for Wide<A> {
     fn reserved_high(&self) -> u64 {
         self.0.reserved_high()
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         self.0.driver_calls()
     }
 }

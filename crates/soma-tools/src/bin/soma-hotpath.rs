@@ -7,6 +7,7 @@
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
 //! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
+//!                                                     # (also torch-npu | llama-cpp | soma-replica)
 //! ```
 //!
 //! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
@@ -21,7 +22,10 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use soma::MemPool;
-use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, Tlsf};
+use soma_tools::baselines::{
+    Allocator, LlamaCppPrio, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, SomaReplica, Tlsf,
+    TorchNpu,
+};
 use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
 
 fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
@@ -55,7 +59,7 @@ fn main() {
             [_, which, n, max, replays] => (which, n, max, replays.as_str()),
             _ => {
                 eprintln!(
-                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf N MAX_MIB [REPLAYS]"
+                    "usage: soma-hotpath random soma[-retain]|soma-engine[-retain]|offset-allocator|tlsf|soma-replica|torch-npu|llama-cpp N MAX_MIB [REPLAYS]"
                 );
                 std::process::exit(2);
             }
@@ -80,6 +84,9 @@ fn main() {
             "offset-allocator" => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
+            "soma-replica" => random(SomaReplica::new(1 << 46), n, max, replays),
+            "torch-npu" => random(TorchNpu::new(1 << 40), n, max, replays),
+            "llama-cpp" => random(LlamaCppPrio::new(), n, max, replays),
             _ => random(Tlsf::new(1 << 40), n, max, replays),
         }
         return;
