@@ -36,7 +36,8 @@
 //! selected (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
 //! Interleaved rounds: after criterion, the cell's fast allocators (every one but the
-//! first-fit free list and the driver path) replay in [`common::ROUNDS`] rounds, one timed
+//! first-fit free list, the driver path and any whose warm replay was too slow for
+//! criterion) replay in [`common::ROUNDS`] rounds, one timed
 //! replay each per round, in an order that rotates from round to round. On a shared machine
 //! whose load moves between criterion's runs of two allocators, the ratio of two figures of
 //! the same round is far steadier than the ratio of two criterion means taken minutes
@@ -98,6 +99,12 @@ struct Facts {
 }
 
 impl Facts {
+    /// Whether `allocator`'s warm replay of `cell` was too slow for criterion (then it stays
+    /// out of the interleaved rounds as well: its single timing stands).
+    fn slow(&self, allocator: &str, cell: &str) -> bool {
+        self.slow.iter().any(|e| e["allocator"] == allocator && e["cell"] == cell)
+    }
+
     fn put(&mut self, cell: &str, key: &'static str, allocator: &str, value: Value) {
         self.cells
             .entry(cell.to_owned())
@@ -220,6 +227,7 @@ fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&m
     let mut chosen: Vec<&mut &mut dyn Replayer> = allocators
         .iter_mut()
         .filter(|a| common::maybe_selected(&format!("random_allocations/{}/{cell}", a.name())))
+        .filter(|a| !facts.slow(a.name(), cell))
         .collect();
     if chosen.len() < 2 {
         return;
@@ -244,6 +252,7 @@ fn cold_rounds(facts: &mut Facts, cell: &str, w: &Workload, fresh: &mut [ColdRep
     let mut chosen: Vec<&mut ColdReplay<'_>> = fresh
         .iter_mut()
         .filter(|(name, _)| common::maybe_selected(&format!("random_allocations/{name}/{cell}")))
+        .filter(|(name, _)| !facts.slow(name, cell))
         .collect();
     if chosen.len() < 2 {
         return;

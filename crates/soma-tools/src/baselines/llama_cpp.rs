@@ -41,7 +41,10 @@ struct Buffer {
 /// [`LlamaCppPrio::CALL_TIME`], the Ascend-like model's kernel launch — a program calls the
 /// allocator about once per kernel it launches, and a launch takes at least that — and
 /// "unused for over 100 ms" becomes "unused for over 20 000 calls". Equal sizes are looked
-/// at in address order (the pool's heap leaves their order unspecified).
+/// at in address order (the pool's heap leaves their order unspecified). The replica finds
+/// the buffer through ordered sets, in logarithmic time; the pool itself pops every smaller
+/// free buffer off its heap and pushes it back, so its host time grows with the number of
+/// free buffers smaller than the request: the replica's host time is a lower bound of it.
 ///
 /// llama.cpp uses the pool for the temporary buffers of its operators; the model's weights
 /// and KV cache are allocated outside it. Its default pool on devices with virtual memory

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
-//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf
+//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf | torch-npu | llama-cpp
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
 //!                                                     # (also torch-npu | llama-cpp | soma-replica)
 //! ```
@@ -93,7 +93,7 @@ fn main() {
     }
     let [which, live, n] = args.as_slice() else {
         eprintln!(
-            "usage: soma-hotpath soma|soma-owned|soma-engine|offset-allocator|tlsf LIVE PAIRS"
+            "usage: soma-hotpath soma|soma-owned|soma-engine|offset-allocator|tlsf|torch-npu|llama-cpp LIVE PAIRS"
         );
         std::process::exit(2);
     };
@@ -118,6 +118,8 @@ fn main() {
         "soma-engine" => pairs(SomaEngine::new(RANGE, 512), live, n),
         "offset-allocator" => pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n),
         "tlsf" => pairs(Tlsf::new(RANGE), live, n),
+        "torch-npu" => pairs(TorchNpu::new(RANGE), live, n),
+        "llama-cpp" => pairs(LlamaCppPrio::new(), live, n),
         other => {
             eprintln!("unknown allocator {other}");
             std::process::exit(2);
