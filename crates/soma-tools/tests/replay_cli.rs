@@ -181,3 +181,45 @@ fn bad_arguments_exit_with_code_2_and_say_what_is_wrong() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("soma-replay: no/such/trace.csv"));
 }
+
+/// `--replays 3` reports every replay: the first maps what the trace needs, the later ones
+/// reuse it without a driver call; each replay's modelled driver time follows its calls.
+#[test]
+fn every_replay_reports_its_driver_calls() {
+    let path = trace_file("per_replay.csv", &TWO_STREAMS.replace(",5\n", ",0\n"));
+    let run = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_soma-replay"));
+        cmd.arg(&path).args(["--replays", "3"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = run(true);
+    let replays = &json[json.find("\"replays\":[").expect("a replays array")..];
+    // Every value of `name` in the replays array, in order.
+    let values = |name: &str| -> Vec<f64> {
+        replays
+            .match_indices(&format!("\"{name}\":"))
+            .map(|(at, _)| {
+                let rest = &replays[at + name.len() + 3..];
+                rest.split([',', '}']).next().unwrap().parse().unwrap()
+            })
+            .collect()
+    };
+    let maps = values("map_calls");
+    assert_eq!(maps.len(), 3, "{json}");
+    assert!(maps[0] > 0.0, "{json}");
+    assert_eq!(&maps[1..], &[0.0, 0.0], "{json}");
+    assert_eq!(values("unmap_calls"), [0.0, 0.0, 0.0], "{json}");
+    let driver = values("driver_ns_per_op");
+    assert!(driver[0] > 0.0 && driver[1..] == [0.0, 0.0], "{json}");
+    // The physical allocations behind the maps, by kind.
+    assert_eq!(values("alloc_physical"), maps, "{json}");
+    // The text report has one line per replay.
+    let text = run(false);
+    let table = &text[text.find("per replay").expect("a per-replay table")..];
+    assert_eq!(table.lines().count(), 4, "{text}");
+}

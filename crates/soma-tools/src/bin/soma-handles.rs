@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use clap::Parser;
 use soma::PoolAlloc;
-use soma_tools::baselines::{Allocator, SomaEngine};
+use soma_tools::baselines::{Allocator, DriverCalls, SomaEngine};
 use soma_tools::workload::print_random_replays;
 
 /// Words of padding that make the engine's handle (`BlockId`, one word) as large as a
@@ -41,7 +41,7 @@ impl<A: Allocator> Allocator for Wide<A> {
     fn reserved_high(&self) -> u64 {
         self.0.reserved_high()
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         self.0.driver_calls()
     }
 }

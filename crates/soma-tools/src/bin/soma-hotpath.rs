@@ -5,8 +5,9 @@
 //!
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
-//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf
+//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf | torch-npu | llama-cpp
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
+//!                                                     # (also torch-npu | llama-cpp | soma-replica)
 //! ```
 //!
 //! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
@@ -22,7 +23,10 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use soma::MemPool;
-use soma_tools::baselines::{Allocator, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, Tlsf};
+use soma_tools::baselines::{
+    Allocator, LlamaCppPrio, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, SomaReplica, Tlsf,
+    TorchNpu,
+};
 use soma_tools::workload::{checkerboard, print_random_replays as random, replay};
 
 /// Runs the hot-path pair (alloc + free of 4 KiB, one stream) PAIRS times on one allocator
@@ -86,6 +90,10 @@ enum PairsAllocator {
     OffsetAllocator,
     /// A TLSF allocator.
     Tlsf,
+    /// The replica of torch_npu's caching allocator.
+    TorchNpu,
+    /// The replica of llama.cpp's CANN priority pool.
+    LlamaCpp,
 }
 
 /// The allocators of the random_allocations replays.
@@ -103,6 +111,12 @@ enum RandomAllocator {
     OffsetAllocator,
     /// A TLSF allocator.
     Tlsf,
+    /// The replica of CANN SOMA's allocator.
+    SomaReplica,
+    /// The replica of torch_npu's caching allocator.
+    TorchNpu,
+    /// The replica of llama.cpp's CANN priority pool.
+    LlamaCpp,
 }
 
 fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
@@ -150,6 +164,9 @@ fn main() {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
             }
             RandomAllocator::Tlsf => random(Tlsf::new(1 << 40), n, max, replays),
+            RandomAllocator::SomaReplica => random(SomaReplica::new(1 << 46), n, max, replays),
+            RandomAllocator::TorchNpu => random(TorchNpu::new(1 << 40), n, max, replays),
+            RandomAllocator::LlamaCpp => random(LlamaCppPrio::new(), n, max, replays),
         }
         return;
     }
@@ -177,6 +194,8 @@ fn main() {
             pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n)
         }
         PairsAllocator::Tlsf => pairs(Tlsf::new(RANGE), live, n),
+        PairsAllocator::TorchNpu => pairs(TorchNpu::new(RANGE), live, n),
+        PairsAllocator::LlamaCpp => pairs(LlamaCppPrio::new(), live, n),
     }
 }
 

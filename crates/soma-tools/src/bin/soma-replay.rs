@@ -30,7 +30,10 @@
 //! the frees of one replay are reused by the next through the opportunistic rule once they
 //! have completed. `--sync-per-replay` synchronizes the device after each replay, once what
 //! it leaves live has been freed (or kept, with `--resident`): a server that waits for each
-//! request. The figures are those of the last replay, peaks over all.
+//! request. The figures are those of the last replay, peaks over all; a table (in the JSON,
+//! `replays`) gives every replay's ns per op, map and unmap calls and driver time modelled
+//! with `soma_tools::driver_cost::DriverCostModel::ascend_like` (a replay's calls include
+//! freeing what it leaves live and the synchronisation of `--sync-per-replay`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +41,7 @@ use std::time::Instant;
 
 use clap::{ArgAction, Parser};
 use soma::{MemPool, PoolAlloc, Stream};
+use soma_tools::driver_cost::{DriverCalls, DriverCostModel};
 use soma_tools::trace::{Op, Trace};
 
 /// Replays one allocator trace on the software NPU through soma's public API and prints what
@@ -168,43 +172,58 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     // skip those slots: the run repeated with its weights (and a training run's optimizer
     // state) kept, as a server or a training loop does.
     let mut resident: Vec<Option<PoolAlloc<'_, u8>>> = Vec::new();
-    for r in 1..args.replays {
-        let mut hand_offs = 0;
-        let skip = (args.resident && r > 1).then_some(&resident[..]);
-        let on = |k| stream_of(r - 1, k);
+    let mut replays = Vec::with_capacity(args.replays);
+    let mut last = None;
+    for r in 0..args.replays {
+        let pool_before = pool.stats();
+        let sim_before = DriverCalls::of_sim(&sim.stats().calls);
+        let mut hand_offs = 0u64;
+        let skip = (args.resident && r > 0).then_some(&resident[..]);
+        let on = |k| stream_of(r, k);
+        let start = Instant::now();
         let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
-        if args.resident && r == 1 {
-            resident = handles;
-        } else {
+        let elapsed = start.elapsed();
+        // A replay's driver calls include its clean-up: freeing what it leaves live (or
+        // keeping it, with `--resident`) and the synchronisation of `--sync-per-replay`.
+        if r + 1 == args.replays {
+            last = Some((since(pool.stats(), &pool_before), hand_offs, elapsed));
             drop(handles);
+        } else {
+            if args.resident && r == 0 {
+                resident = handles;
+            } else {
+                drop(handles);
+            }
+            if args.sync_per_replay {
+                dev.synchronize()?;
+            }
         }
-        if args.sync_per_replay {
-            dev.synchronize()?;
-        }
+        let pool_after = pool.stats();
+        replays.push(ReplayFigures {
+            elapsed,
+            maps: pool_after.map_calls - pool_before.map_calls,
+            unmaps: pool_after.unmap_calls - pool_before.unmap_calls,
+            calls: DriverCalls::of_sim(&sim.stats().calls) - sim_before,
+        });
     }
-    let calls_before = sim.stats();
-    let pool_before = pool.stats();
-    let mut hand_offs = 0u64;
-    let start = Instant::now();
-    let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
-    let on = |k| stream_of(args.replays - 1, k);
-    let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
-    let elapsed = start.elapsed();
-    let mut stats = pool.stats();
-    stats.map_calls -= pool_before.map_calls;
-    stats.unmap_calls -= pool_before.unmap_calls;
-    stats.reuses.same_stream -= pool_before.reuses.same_stream;
-    stats.reuses.event_dependency -= pool_before.reuses.event_dependency;
-    stats.reuses.opportunistic -= pool_before.reuses.opportunistic;
-    stats.reuses.internal_dependency -= pool_before.reuses.internal_dependency;
-    stats.reuses.host_synchronized -= pool_before.reuses.host_synchronized;
-    stats.fresh_allocations -= pool_before.fresh_allocations;
-    drop(handles);
     drop(resident);
     dev.synchronize()?;
-    let sim_after = sim.stats();
-    let measured = Measured { streams: n, elapsed, stats, hand_offs, calls_before, sim_after };
+    let (stats, hand_offs, elapsed) = last.expect("at least one replay");
+    let measured = Measured { streams: n, elapsed, stats, hand_offs, replays };
     print_report(args, &trace, &pool, &measured)
+}
+
+/// `now`'s counters since `before` (its peaks and current figures as they are).
+fn since(mut now: soma::PoolStats, before: &soma::PoolStats) -> soma::PoolStats {
+    now.map_calls -= before.map_calls;
+    now.unmap_calls -= before.unmap_calls;
+    now.reuses.same_stream -= before.reuses.same_stream;
+    now.reuses.event_dependency -= before.reuses.event_dependency;
+    now.reuses.opportunistic -= before.reuses.opportunistic;
+    now.reuses.internal_dependency -= before.reuses.internal_dependency;
+    now.reuses.host_synchronized -= before.reuses.host_synchronized;
+    now.fresh_allocations -= before.fresh_allocations;
+    now
 }
 
 /// The index among the trace's distinct stream values (in order of first appearance) of
@@ -281,18 +300,29 @@ impl<'s, 'd> Replayer<'s, 'd> {
     }
 }
 
-/// The figures of the measured (last) replay.
+/// The figures of one replay.
+struct ReplayFigures {
+    /// Wall time of its ops.
+    elapsed: std::time::Duration,
+    /// The pool's map and unmap calls.
+    maps: u64,
+    unmaps: u64,
+    /// The simulator's driver calls by kind.
+    calls: DriverCalls,
+}
+
+/// The figures of the run: of the last replay, and of every replay.
 struct Measured {
     /// Streams the ops ran on.
     streams: usize,
+    /// Wall time of the last replay's ops.
     elapsed: std::time::Duration,
-    /// The pool's statistics, counters of this replay only.
+    /// The pool's statistics, counters of the last replay only.
     stats: soma::PoolStats,
-    /// Frees on another stream than the allocation's.
+    /// Frees on another stream than the allocation's, in the last replay.
     hand_offs: u64,
-    /// The simulator's counters before and after the replay.
-    calls_before: soma::sim::SimStats,
-    sim_after: soma::sim::SimStats,
+    /// Every replay, in order.
+    replays: Vec<ReplayFigures>,
 }
 
 fn print_report(
@@ -301,17 +331,40 @@ fn print_report(
     pool: &MemPool<'_>,
     measured: &Measured,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let Measured { streams: n, elapsed, ref stats, hand_offs, ref calls_before, ref sim_after } =
-        *measured;
+    let Measured { streams: n, elapsed, ref stats, hand_offs, ref replays } = *measured;
+    let model = DriverCostModel::ascend_like();
     let ops = trace.ops.len() as u64;
-    let ns_per_op = elapsed.as_nanos() as f64 / ops.max(1) as f64;
+    let ns = |d: std::time::Duration| d.as_nanos() as f64 / ops.max(1) as f64;
+    let ns_per_op = ns(elapsed);
+    let last = replays.last().expect("at least one replay");
+    let driver_ns = model.ns_per_op(&last.calls, ops);
     let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
     if args.json {
+        let per_replay: Vec<String> = replays
+            .iter()
+            .enumerate()
+            .map(|(r, f)| {
+                let driver = model.ns_per_op(&f.calls, ops);
+                format!(
+                    "{{\"replay\":{},\"ns_per_op\":{:.1},\"map_calls\":{},\"unmap_calls\":{},\
+                     \"driver_calls\":{},\"driver_ns_per_op\":{driver:.1},\
+                     \"total_ns_per_op\":{:.1}}}",
+                    r + 1,
+                    ns(f.elapsed),
+                    f.maps,
+                    f.unmaps,
+                    f.calls.to_json(),
+                    ns(f.elapsed) + driver
+                )
+            })
+            .collect();
         println!(
             "{{\"trace\":{},\"ops\":{},\"streams\":{},\"ns_per_op\":{:.1},\
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
-             \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
+             \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{},\
+             \"driver_calls\":{},\"driver_ns_per_op\":{driver_ns:.1},\"total_ns_per_op\":{:.1},\
+             \"driver_cost_ns\":{},\"replays\":[{}]}}",
             serde_json::to_string(&trace.name)?,
             ops,
             n,
@@ -325,7 +378,11 @@ fn print_report(
             stats.unmap_calls,
             hand_offs,
             stats.reuses.total(),
-            stats.fresh_allocations
+            stats.fresh_allocations,
+            last.calls.to_json(),
+            ns_per_op + driver_ns,
+            model.to_json(),
+            per_replay.join(",")
         );
         return Ok(());
     }
@@ -350,6 +407,11 @@ fn print_report(
         trace.stats.allocs, trace.stats.frees
     );
     println!("time                  {:.3} ms, {ns_per_op:.1} ns/op", elapsed.as_secs_f64() * 1e3);
+    println!(
+        "driver time           {driver_ns:.1} ns/op modelled (Ascend-like: 1 ms per allocation, \
+         100 µs per map, unmap or free), {:.1} ns/op with the time above",
+        ns_per_op + driver_ns
+    );
     println!("peak live (requested) {:.1} MiB", mib(trace.stats.peak_live_bytes));
     println!("peak used             {:.1} MiB", mib(stats.used_high));
     println!("peak reserved         {:.1} MiB", mib(stats.reserved_high));
@@ -373,11 +435,22 @@ fn print_report(
     );
     println!("cross-stream frees    {hand_offs} (hand-offs through events)");
     println!(
-        "simulator             physical allocs {}, maps {}, unmaps {}",
-        sim_after.calls.alloc_physical - calls_before.calls.alloc_physical,
-        sim_after.calls.map - calls_before.calls.map,
-        sim_after.calls.unmap - calls_before.calls.unmap
+        "simulator             physical allocs {}, maps {}, unmaps {}, physical frees {}",
+        last.calls.alloc_physical, last.calls.map, last.calls.unmap, last.calls.free_physical
     );
+    println!("per replay            replay  ns/op  maps  unmaps  driver ns/op  total ns/op");
+    for (r, f) in replays.iter().enumerate() {
+        let driver = model.ns_per_op(&f.calls, ops);
+        println!(
+            "                      {:>6} {:>6.1} {:>5} {:>7} {:>13.1} {:>12.1}",
+            r + 1,
+            ns(f.elapsed),
+            f.maps,
+            f.unmaps,
+            driver,
+            ns(f.elapsed) + driver
+        );
+    }
     Ok(())
 }
 
