@@ -4,6 +4,7 @@
 mod ascend_backend;
 mod bad_input;
 mod common;
+mod compaction;
 mod cross_device;
 mod driver_alloc;
 mod faults;
