@@ -13,6 +13,7 @@ mod host_transfers;
 mod observe;
 mod owned;
 mod pool;
+mod pool_stats;
 mod reuse_rules;
 mod sanitizer;
 mod shards;

@@ -377,7 +377,9 @@ impl<'d> MemPool<'d> {
         }
     }
 
-    /// A consistent snapshot of the pool's counters; O(1).
+    /// A consistent snapshot of the pool's counters; O(1) in blocks, except for
+    /// [`PoolStats::pending_bytes`] while frees are cached on a stream: O(those cached
+    /// blocks).
     pub fn stats(&self) -> PoolStats {
         match self.backend() {
             Backend::Engine(cores) => cores.stats(),

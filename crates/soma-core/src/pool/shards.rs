@@ -256,7 +256,10 @@ impl<'a> Cores<'a> {
         let mut sum = PoolStats::default();
         for core in self.iter() {
             let inner = core.lock();
-            let engine = inner.engine.stats();
+            let mut engine = inner.engine.stats();
+            if engine.pending_bytes > 0 {
+                engine.pending_bytes = core.unobserved_bytes(&inner.engine);
+            }
             sum += PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
         }
         sum.max_size = self.first.max_size;
