@@ -362,7 +362,10 @@ impl<'d> MemPool<'d> {
     /// Returns the bytes released.
     ///
     /// # Errors
-    /// `bytes` above the pool's max size; backend failures (accounting stays exact).
+    /// `bytes` above the pool's max size; backend failures, including a backend that refuses
+    /// to unmap memory a use the pool was not told of still runs on (accounting stays exact;
+    /// what could not go stays cached). The release threshold applied at a synchronisation
+    /// reports no such failure: it keeps the memory for a later release.
     pub fn trim_to(&self, bytes: u64) -> Result<u64> {
         self.take_sticky()?;
         if bytes > self.max_size() {

@@ -69,16 +69,16 @@ impl AscendEvent {
     /// Enqueues `aclrtStreamWaitEvent(stream, self)`, unless the event was never recorded.
     pub(crate) fn wait_on(&self, stream: &Arc<StreamShared>) -> DriverResult<()> {
         let last = lock(&self.last);
-        if last.is_none() {
+        let Some((recorder, record)) = &*last else {
             return Ok(());
-        }
-        stream
-            .enqueue(|s, _| {
-                // SAFETY: both handles are live (owned by live objects) and of this device.
-                unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }
-                    .map_err(map_call_err)
-            })
-            .map(drop)
+        };
+        let at = stream.enqueue(|s, _| {
+            // SAFETY: both handles are live (owned by live objects) and of this device.
+            unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }.map_err(map_call_err)
+        })?;
+        // Once `stream` is past the wait, the record has completed on its stream.
+        stream.waits().push(at, recorder.clone(), *record);
+        Ok(())
     }
 
     /// The event's latest record completed: advance the recording stream.
