@@ -250,6 +250,24 @@ impl<'d> MemPool<'d> {
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
     /// freed with [`free_raw`](Self::free_raw) (or it is released when the pool is dropped).
     ///
+    /// Returns the block's first byte and its size: `bytes` rounded up to the pool's
+    /// [`alignment`](Self::alignment), the bytes the block holds and what
+    /// [`PoolStats::used`] counts for it (the C API reports no size).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().raw_pointers(true).build(&dev)?;
+    /// let (ptr, size) = pool.alloc_raw(1000, &s)?;
+    /// assert_eq!(size, 1024); // rounded to the 512-byte alignment
+    /// assert_eq!(pool.stats().used, size);
+    /// pool.free_raw(ptr, &s)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
