@@ -60,7 +60,7 @@ pub use soma_core::{
     attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DeviceBufferMut, DriverAlloc,
     Error, Event, EventWait, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
     OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result,
-    ReuseCounts, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
+    ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
 };
 
 /// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):

@@ -283,7 +283,7 @@ impl<'d> MemPool<'d> {
             PoolKind::Native(native) => native.allocate(bytes, stream, fail)?,
         };
         if let (Some(block), Backend::Engine(cores)) = (g.block, self.backend()) {
-            cores.core_at(g.shard).lock().raw_blocks.insert(block);
+            cores.core_at(g.origin.shard()).lock().raw_blocks.insert(block);
         }
         Ok((g.ptr, g.size))
     }
