@@ -458,3 +458,29 @@ fn the_release_threshold_keeps_memory_whose_last_use_is_running() {
     s1.synchronize().unwrap();
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0, "released after the use");
 }
+
+/// Dropping a pool whose free waits behind a busy stream returns at once; the device
+/// releases the memory at the synchronisation after the work (the backend's check of unmaps
+/// against work in flight never refuses it).
+#[test]
+fn a_dropped_pool_leaves_its_memory_to_the_device_until_the_work_completes() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let before = dev.mem_info().unwrap().free;
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    let mut x = pool.alloc_async::<u8>(2 << 20, &s).unwrap();
+    s.memset(&mut x, 5).unwrap();
+    drop(x);
+    drop(pool);
+    assert!(dev.mem_info().unwrap().free < before, "held until the memset has run");
+    drop(open);
+    s.synchronize().unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, before);
+    dev.synchronize().unwrap(); // no error was left behind
+}

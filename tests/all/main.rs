@@ -19,4 +19,5 @@ mod sanitizer;
 mod shards;
 mod state_machine;
 mod stress;
+mod teardown;
 mod views;

@@ -46,6 +46,10 @@ use crate::stream::Stream;
 /// assert!(pool.get::<attr::ReservedMemCurrent>()? >= 4 << 20);
 /// # Ok(()) }
 /// ```
+///
+/// Dropping a pool never blocks: memory that work enqueued before the drop may still use
+/// (frees in flight, raw blocks) is released by the device once that work has completed, at
+/// its next synchronisation, stream drop or pool creation or drop (see the `Drop` impl).
 pub struct MemPool<'d> {
     /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
     device: Device,

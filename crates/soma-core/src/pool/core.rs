@@ -218,6 +218,8 @@ impl PoolCore {
             engine.set_segments_per_growth(spec.segments_per_growth);
         }
         engine.set_recycle_on_growth(spec.recycle_on_growth);
+        // Memory of pools dropped earlier whose work has completed goes back first.
+        device.deferred.release_complete(device);
         let hal = &device.hal;
         let preallocated = !hal.info().supports_vmm;
         // Without VMM: one malloc segment of the whole range, held for the pool's life.
