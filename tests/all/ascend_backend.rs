@@ -450,3 +450,112 @@ fn graph_capture_runs_on_the_ascend_backend() {
     s.synchronize().unwrap();
     drop((a, b, join));
 }
+
+/// `x` allocated and written on `s3`, written again on `s1` (a recorded use), freed on `s3`
+/// after `s3` waited for that use; `s1` then stays busy in a host function until the returned
+/// sender is dropped or sent to.
+fn free_after_a_use_on_a_stream_that_stays_busy(
+    pool: &MemPool<'_>,
+    s1: &soma::Stream<'_>,
+    s3: &soma::Stream<'_>,
+) -> std::sync::mpsc::Sender<()> {
+    let mut x = pool.alloc_async::<u8>(2 << 20, s3).unwrap();
+    s3.memset(&mut x, 1).unwrap();
+    s1.wait_stream(s3).unwrap();
+    s1.memset(&mut x, 3).unwrap();
+    s3.wait_stream(s1).unwrap();
+    drop(x);
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s1.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    open
+}
+
+/// The free on `s3` is ordered after the use on `s1` through events, so once `s3` has run it
+/// the use is complete although `s1` is still busy: `trim_to` releases the memory (the
+/// backend's check of unmaps against work in flight learns it from the event chain).
+#[test]
+fn trim_releases_memory_used_on_another_stream_that_is_still_busy() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let open = free_after_a_use_on_a_stream_that_stays_busy(&pool, &s1, &s3);
+    // The device has run s3's work; the host has not observed it.
+    while !s3.is_complete_unobserved().unwrap() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(pool.trim_to(0).unwrap(), 2 << 20, "the use on s1 completed before the free");
+    assert_eq!(pool.stats().reserved, 0);
+    drop(open);
+    s1.synchronize().unwrap();
+}
+
+/// With CANN's defaults (release threshold 0) the synchronisation of the freeing stream
+/// releases that memory, and no error is left behind for an unrelated later call.
+#[test]
+fn the_release_threshold_leaves_no_error_after_a_use_on_a_busy_stream() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).cann_defaults().build(&dev).unwrap();
+    let open = free_after_a_use_on_a_stream_that_stays_busy(&pool, &s1, &s3);
+    s3.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0, "released at the threshold");
+    drop(open);
+    s1.synchronize().unwrap();
+}
+
+/// A use the pool was not told of (a memset straight through the backend on another stream,
+/// not ordered before the free) keeps the memory mapped: the threshold at a synchronisation
+/// releases what it can, leaves no error behind for a later call, and releases the rest at a
+/// synchronisation after the use.
+#[test]
+fn the_release_threshold_keeps_memory_whose_last_use_is_running() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).cann_defaults().build(&dev).unwrap();
+    let x = pool.alloc_async::<u8>(2 << 20, &s3).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s1.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    s1.hal().memset(x.device_ptr(), 0, 2 << 20).unwrap();
+    drop(x);
+    s3.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 2 << 20, "still in use on s1");
+    assert!(pool.trim_to(0).is_err(), "trim_to reports what the backend refused");
+    drop(open);
+    s1.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0, "released after the use");
+}
+
+/// Dropping a pool whose free waits behind a busy stream returns at once; the device
+/// releases the memory at the synchronisation after the work (the backend's check of unmaps
+/// against work in flight never refuses it).
+#[test]
+fn a_dropped_pool_leaves_its_memory_to_the_device_until_the_work_completes() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let before = dev.mem_info().unwrap().free;
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    let mut x = pool.alloc_async::<u8>(2 << 20, &s).unwrap();
+    s.memset(&mut x, 5).unwrap();
+    drop(x);
+    drop(pool);
+    assert!(dev.mem_info().unwrap().free < before, "held until the memset has run");
+    drop(open);
+    s.synchronize().unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, before);
+    dev.synchronize().unwrap(); // no error was left behind
+}

@@ -10,6 +10,7 @@ use crate::engine::StreamSlot;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::hal::{DeviceHal, DeviceInfo, MemInfo, StreamHal};
+use crate::pool::deferred::DeferredReleases;
 use crate::stream::Stream;
 use slots::{Progress, Slots};
 
@@ -81,6 +82,16 @@ pub(crate) struct DeviceShared {
     listeners: Mutex<Vec<Weak<dyn StreamEventListener>>>,
     /// The device's default pool, made on first use (see `Device::default_pool`).
     pub(crate) default_pool: Mutex<crate::pool::DefaultPool>,
+    /// Memory of dropped pools that work may still use, released once it has completed.
+    pub(crate) deferred: DeferredReleases,
+}
+
+impl Drop for DeviceShared {
+    /// Every stream of the device has drained (each held the device): what dropped pools
+    /// left goes back now.
+    fn drop(&mut self) {
+        self.deferred.release_all(&*self.hal);
+    }
 }
 
 impl DeviceShared {
@@ -105,19 +116,22 @@ impl DeviceShared {
         self.listeners.lock().iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Tells every pool that a stream was dropped, so that they settle its frees.
+    /// Tells every pool that a stream was dropped, so that they settle its frees; releases
+    /// what dropped pools left that no work uses any more.
     pub(crate) fn settle_pools(&self) {
         for listener in self.live_listeners() {
             listener.stream_dropped();
         }
+        self.deferred.release_complete(self);
     }
 
     /// Tells every pool that the host synchronised, so that they apply their release
-    /// threshold.
+    /// threshold; releases what dropped pools left that no work uses any more.
     pub(crate) fn after_host_sync(&self) {
         for listener in self.live_listeners() {
             listener.host_synchronized();
         }
+        self.deferred.release_complete(self);
     }
 
     /// [`Error::TooManyStreams`] when every stream slot is taken (checked before the backend
@@ -148,6 +162,7 @@ impl Device {
             slots: Slots::new(MAX_STREAMS),
             listeners: Mutex::new(Vec::new()),
             default_pool: Mutex::new(crate::pool::DefaultPool::default()),
+            deferred: DeferredReleases::default(),
         });
         let owner = Some(Arc::new(DeviceOwner(Arc::downgrade(&shared))));
         Device { shared, _owner: owner }

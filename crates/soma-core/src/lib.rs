@@ -30,6 +30,7 @@ mod view;
 
 /// The pool's bookkeeping over an offset space (the `soma-engine` crate).
 pub use soma_engine as engine;
+pub use soma_engine::ReuseKind;
 
 pub use buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, DriverAlloc};
 pub use clock::VectorClock;

@@ -290,6 +290,9 @@ mod trace_hooks {
     pub(crate) fn trace_oom(error: &crate::Error) {
         tracing::warn!(%error, "soma pool out of memory");
     }
+    pub(crate) fn trace_release_failed(cause: &'static str, error: &crate::hal::DriverError) {
+        tracing::debug!(cause, %error, "soma pool kept memory the backend would not release");
+    }
 }
 
 #[cfg(not(feature = "tracing"))]
@@ -298,9 +301,12 @@ mod trace_hooks {
     pub(crate) fn trace_map(_: u64, _: u64, _: u64) {}
     pub(crate) fn trace_trim(_: &'static str, _: u64, _: u64) {}
     pub(crate) fn trace_oom(_: &crate::Error) {}
+    pub(crate) fn trace_release_failed(_: &'static str, _: &crate::hal::DriverError) {}
 }
 
-pub(crate) use trace_hooks::{trace_map, trace_oom, trace_pool_created, trace_trim};
+pub(crate) use trace_hooks::{
+    trace_map, trace_oom, trace_pool_created, trace_release_failed, trace_trim,
+};
 
 #[cfg(test)]
 mod tests {

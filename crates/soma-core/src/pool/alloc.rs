@@ -7,7 +7,7 @@ use super::api::MemPool;
 use super::handle::{Handle, Relocatable, StreamUse};
 use crate::buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, Sealed};
 use crate::device::Device;
-use crate::engine::BlockId;
+use crate::engine::{BlockId, ReuseKind};
 use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
@@ -169,6 +169,32 @@ impl<T> PoolAlloc<'_, T> {
     /// Whether the allocation has no elements (never: size 0 is rejected).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The reuse rule that served this allocation when it was made: `None` for fresh memory
+    /// (never used, or newly mapped) and for a native pool, whose driver does not tell.
+    /// Moving the allocation (compaction, a hand-off) does not change it. The same answer
+    /// as the history's `reuse` field, without a history.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{MemPool, ReuseKind};
+    /// let (s1, s2) = (dev.create_stream()?, dev.create_stream()?);
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let a = pool.alloc_async::<u8>(4096, &s1)?;
+    /// assert_eq!(a.reuse_kind(), None);
+    /// drop(a);
+    /// let b = pool.alloc_async::<u8>(4096, &s1)?;
+    /// assert_eq!(b.reuse_kind(), Some(ReuseKind::SameStream));
+    /// drop(b);
+    /// s2.wait_event(&s1.record_event()?)?;
+    /// assert_eq!(pool.alloc_async::<u8>(4096, &s2)?.reuse_kind(), Some(ReuseKind::EventDependency));
+    /// # Ok(()) }
+    /// ```
+    pub fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.0.reuse_kind()
     }
 
     /// Size in bytes as requested (the block is rounded up to the pool's alignment).

@@ -7,6 +7,7 @@ use std::panic::Location;
 use super::backing::AllocError;
 use super::core::{HistoryEntry, PoolCore, PoolInner};
 use super::free::wait_for_uses;
+use super::handle::Origin;
 use super::oom::{retry_after_oom, Outcome};
 use super::order::Order;
 use super::policy::OomAction;
@@ -23,8 +24,9 @@ pub(crate) struct Granted {
     pub(crate) block: Option<BlockId>,
     pub(crate) ptr: DevicePtr,
     pub(crate) size: u64,
-    /// The shard whose engine holds `block` (0 unless the pool is sharded).
-    pub(crate) shard: u8,
+    /// The shard whose engine holds `block` (0 unless the pool is sharded) and the rule
+    /// that served it.
+    pub(crate) origin: Origin,
 }
 
 /// One allocation request as it goes through a core.
@@ -54,7 +56,12 @@ impl PoolCore {
         let size = self.block_size(bytes)?;
         let slot = stream.slot();
         let f = ring.pop_only_if(|f| f.tag.stream == slot && f.size == size)?;
-        Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size, shard: self.shard })
+        Some(Granted {
+            block: Some(f.block),
+            ptr: self.ptr_at(f.offset),
+            size,
+            origin: self.ringed_origin,
+        })
     }
 
     /// Allocates `req.bytes` for `req.stream` (rounded to the pool's alignment), waiting for
@@ -136,7 +143,7 @@ impl PoolCore {
             block: Some(a.block),
             ptr: self.ptr_at(a.offset),
             size: a.size,
-            shard: self.shard,
+            origin: Origin::new(self.shard, a.reuse),
         }
     }
 

@@ -46,6 +46,10 @@ use crate::stream::Stream;
 /// assert!(pool.get::<attr::ReservedMemCurrent>()? >= 4 << 20);
 /// # Ok(()) }
 /// ```
+///
+/// Dropping a pool never blocks: memory that work enqueued before the drop may still use
+/// (frees in flight, raw blocks) is released by the device once that work has completed, at
+/// its next synchronisation, stream drop or pool creation or drop (see the `Drop` impl).
 pub struct MemPool<'d> {
     /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
     device: Device,
@@ -251,6 +255,24 @@ impl<'d> MemPool<'d> {
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
     /// freed with [`free_raw`](Self::free_raw) (or it is released when the pool is dropped).
     ///
+    /// Returns the block's first byte and its size: `bytes` rounded up to the pool's
+    /// [`alignment`](Self::alignment), the bytes the block holds and what
+    /// [`PoolStats::used`] counts for it (the C API reports no size).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().raw_pointers(true).build(&dev)?;
+    /// let (ptr, size) = pool.alloc_raw(1000, &s)?;
+    /// assert_eq!(size, 1024); // rounded to the 512-byte alignment
+    /// assert_eq!(pool.stats().used, size);
+    /// pool.free_raw(ptr, &s)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
@@ -267,7 +289,7 @@ impl<'d> MemPool<'d> {
             PoolKind::Native(native) => native.allocate(bytes, stream, fail)?,
         };
         if let (Some(block), Backend::Engine(cores)) = (g.block, self.backend()) {
-            cores.core_at(g.shard).lock().raw_blocks.insert(block);
+            cores.core_at(g.origin.shard()).lock().raw_blocks.insert(block);
         }
         Ok((g.ptr, g.size))
     }
@@ -365,7 +387,10 @@ impl<'d> MemPool<'d> {
     /// Returns the bytes released.
     ///
     /// # Errors
-    /// `bytes` above the pool's max size; backend failures (accounting stays exact).
+    /// `bytes` above the pool's max size; backend failures, including a backend that refuses
+    /// to unmap memory a use the pool was not told of still runs on (accounting stays exact;
+    /// what could not go stays cached). The release threshold applied at a synchronisation
+    /// reports no such failure: it keeps the memory for a later release.
     pub fn trim_to(&self, bytes: u64) -> Result<u64> {
         self.take_sticky()?;
         if bytes > self.max_size() {
@@ -380,7 +405,9 @@ impl<'d> MemPool<'d> {
         }
     }
 
-    /// A consistent snapshot of the pool's counters; O(1).
+    /// A consistent snapshot of the pool's counters; O(1) in blocks, except for
+    /// [`PoolStats::pending_bytes`] while frees are cached on a stream: O(those cached
+    /// blocks).
     pub fn stats(&self) -> PoolStats {
         match self.backend() {
             Backend::Engine(cores) => cores.stats(),

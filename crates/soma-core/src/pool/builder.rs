@@ -360,10 +360,11 @@ impl MemPoolBuilder {
                 "max_size {max_size} (rounded to the {granularity}-byte granularity) exceeds device memory {total}"
             )));
         }
-        if max_size > MAX_POOL_BYTES {
-            // A handle keeps its length in 56 bits (see `PoolAlloc`).
+        if max_size >= MAX_POOL_BYTES {
+            // A handle keeps its length in 55 bits (see `PoolAlloc`): one allocation of the
+            // whole pool must fit.
             return Err(Error::InvalidConfig(format!(
-                "max_size {max_size} exceeds the largest pool, {MAX_POOL_BYTES} bytes"
+                "max_size {max_size} is not below the largest pool size, {MAX_POOL_BYTES} bytes"
             )));
         }
         let threshold = self.release_threshold.unwrap_or(max_size);

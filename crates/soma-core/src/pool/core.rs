@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::backing::HalBacking;
 use super::free_ring::FreeRing;
+use super::handle::Origin;
 use super::passthrough::Passthrough;
 use super::policy::{OomHook, Settings};
 use super::shards::Budget;
@@ -47,6 +48,8 @@ pub(crate) struct PoolCore {
     pub(super) id: u64,
     /// This core's index among the pool's shards (0 when the pool is not sharded).
     pub(super) shard: u8,
+    /// The origin of a block the free ring hands back: this shard, a same-stream reuse.
+    pub(super) ringed_origin: Origin,
     pub(super) settings: Arc<Settings>,
     /// The pool-wide limit and counters of a sharded pool (`None`: one shard, whose engine
     /// keeps them), shared with the other shards: every map claims its size from it first.
@@ -215,6 +218,8 @@ impl PoolCore {
             engine.set_segments_per_growth(spec.segments_per_growth);
         }
         engine.set_recycle_on_growth(spec.recycle_on_growth);
+        // Memory of pools dropped earlier whose work has completed goes back first.
+        device.deferred.release_complete(device);
         let hal = &device.hal;
         let preallocated = !hal.info().supports_vmm;
         // Without VMM: one malloc segment of the whole range, held for the pool's life.
@@ -228,6 +233,7 @@ impl PoolCore {
             alignment: spec.alignment,
             id: spec.id,
             shard,
+            ringed_origin: Origin::new(shard, Some(ReuseKind::SameStream)),
             settings: Arc::clone(&spec.settings),
             budget: budget.cloned(),
             torn_down: AtomicBool::new(false),

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use super::allocate::Granted;
 use super::api::MemPool;
 use super::free::TypedFree;
-use crate::engine::{BlockId, StreamSlot};
+use crate::engine::{BlockId, ReuseKind, StreamSlot};
 use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
@@ -57,39 +57,78 @@ pub(crate) struct Handle<P, S, T> {
     /// The engine's block; `None` for a native (CANN) pool, which frees by pointer.
     pub(crate) block: Option<BlockId>,
     pub(crate) ptr: DevicePtr,
-    /// The length in elements, and in the top [`SHARD_BITS`] bits the pool's shard that
-    /// holds the block (see [`LenAndShard`]).
+    /// The length in elements and, in the top bits, the pool's shard that holds the block
+    /// and the rule that served the allocation (see [`LenAndShard`]).
     pub(crate) len_shard: LenAndShard,
     /// Other streams that used the block since it was allocated.
     pub(crate) uses: OtherUses,
     pub(crate) _elem: PhantomData<fn() -> T>,
 }
 
-/// Bits of [`LenAndShard`] that hold the shard.
-const SHARD_BITS: u32 = 8;
+/// Bits of [`LenAndShard`] that hold the shard (the top ones: reading it is one shift): at
+/// most [`MAX_STREAM_SHARDS`](super::MAX_STREAM_SHARDS) shards.
+const SHARD_BITS: u32 = 6;
+/// Bits of [`LenAndShard`] below the shard that hold the reuse rule: 0 for none, 1 + the
+/// kind's index, 7 for [`LenAndShard::RELEASED`].
+const REUSE_BITS: u32 = 3;
 /// Bits of [`LenAndShard`] that hold the length.
-const LEN_BITS: u32 = u64::BITS - SHARD_BITS;
+const LEN_BITS: u32 = u64::BITS - SHARD_BITS - REUSE_BITS;
+/// Where the shard starts.
+const SHARD_SHIFT: u32 = LEN_BITS + REUSE_BITS;
 
-/// A pool's largest `max_size` (64 PiB): every allocation's length, in elements of at least
-/// one byte, then fits in [`LenAndShard`]'s [`LEN_BITS`] bits.
+const _: () = assert!(super::shards::MAX_STREAM_SHARDS <= 1 << SHARD_BITS);
+const _: () = assert!(ReuseKind::ALL.len() < (1 << REUSE_BITS) - 1, "7 marks RELEASED");
+
+/// A pool's largest `max_size` (32 PiB, excluded): every allocation's length, in elements
+/// of at least one byte, then fits in [`LenAndShard`]'s [`LEN_BITS`] bits.
 pub(crate) const MAX_POOL_BYTES: u64 = 1 << LEN_BITS;
 
-/// An allocation's length and its shard in one word. Callers keep arrays of handles and touch
-/// one at random on every free: at 48 bytes a handle spans 1.5 cache lines on average, at
-/// the 56 bytes of separate fields 1.75.
+/// Where a block came from: the pool's shard that holds it and the reuse rule that served
+/// it, kept as the top bits of a handle's [`LenAndShard`] so that a handle is made with one
+/// `or` (a core keeps the word of its own same-stream reuses ready for the free ring's path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin(u64);
+
+impl Origin {
+    /// Shard `shard`, served by rule `reuse` (`None`: fresh memory, or a native pool).
+    #[inline]
+    pub(crate) const fn new(shard: u8, reuse: Option<ReuseKind>) -> Origin {
+        let code = match reuse {
+            None => 0,
+            Some(kind) => kind.index() as u64 + 1,
+        };
+        Origin((shard as u64) << SHARD_SHIFT | code << LEN_BITS)
+    }
+
+    /// The shard that holds the block.
+    #[inline]
+    pub(crate) fn shard(self) -> u8 {
+        (self.0 >> SHARD_SHIFT) as u8
+    }
+
+    /// The rule that served the block.
+    fn reuse(self) -> Option<ReuseKind> {
+        let code = ((self.0 >> LEN_BITS) & ((1 << REUSE_BITS) - 1)) as usize;
+        code.checked_sub(1).and_then(|i| ReuseKind::ALL.get(i).copied())
+    }
+}
+
+/// An allocation's length and its [`Origin`] in one word. Callers keep arrays of handles and
+/// touch one at random on every free: at 48 bytes a handle spans 1.5 cache lines on
+/// average, at the 56 bytes of separate fields 1.75.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LenAndShard(u64);
 
 impl LenAndShard {
     /// Marks a handle whose block was already freed or moved (its `Drop` then does nothing):
-    /// shard 255, which no pool has (at most [`MAX_STREAM_SHARDS`](super::MAX_STREAM_SHARDS)).
+    /// reuse code 7, which names no rule.
     pub(crate) const RELEASED: LenAndShard = LenAndShard(u64::MAX);
 
     #[inline]
-    fn new(len: usize, shard: u8) -> LenAndShard {
-        // A block is at most `max_size <= MAX_POOL_BYTES` bytes long (`MemPool::build`).
+    fn new(len: usize, origin: Origin) -> LenAndShard {
+        // A block is at most `max_size < MAX_POOL_BYTES` bytes long (`MemPool::build`).
         debug_assert!((len as u64) < MAX_POOL_BYTES);
-        LenAndShard(len as u64 | u64::from(shard) << LEN_BITS)
+        LenAndShard(len as u64 | origin.0)
     }
 
     #[inline]
@@ -99,7 +138,11 @@ impl LenAndShard {
 
     #[inline]
     fn shard(self) -> u8 {
-        (self.0 >> LEN_BITS) as u8
+        Origin(self.0).shard()
+    }
+
+    fn reuse(self) -> Option<ReuseKind> {
+        Origin(self.0).reuse()
     }
 }
 
@@ -111,7 +154,7 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
             stream,
             block: granted.block,
             ptr: granted.ptr,
-            len_shard: LenAndShard::new(len, granted.shard),
+            len_shard: LenAndShard::new(len, granted.origin),
             uses: OtherUses::default(),
             _elem: PhantomData,
         }
@@ -250,6 +293,12 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
         self.len_shard.shard()
     }
 
+    /// The rule that served the allocation; `None` for fresh memory (never used, or newly
+    /// mapped) and for a native pool, whose driver does not tell.
+    pub(crate) fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.len_shard.reuse()
+    }
+
     pub(crate) fn fmt_as(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(name)
             .field("ptr", &self.ptr)
@@ -355,11 +404,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn length_and_shard_share_a_word_without_mixing() {
-        for (len, shard) in [(1, 0), (7, 63), ((MAX_POOL_BYTES - 1) as usize, 3), (1 << 40, 128)] {
-            let p = LenAndShard::new(len, shard);
-            assert_eq!((p.len(), p.shard()), (len, shard));
-            assert!(p != LenAndShard::RELEASED);
+    fn length_shard_and_reuse_share_a_word_without_mixing() {
+        let kinds = std::iter::once(None).chain(ReuseKind::ALL.map(Some));
+        for reuse in kinds {
+            for (len, shard) in [(1, 0), (7, 63), ((MAX_POOL_BYTES - 1) as usize, 3), (1 << 40, 17)]
+            {
+                let p = LenAndShard::new(len, Origin::new(shard, reuse));
+                assert_eq!((p.len(), p.shard(), p.reuse()), (len, shard, reuse));
+                assert!(p != LenAndShard::RELEASED);
+            }
         }
     }
 

@@ -15,7 +15,8 @@
 //! | `shards.rs` | stream shards: the pool as several cores and their shared budget |
 //! | `release.rs` | release threshold, `trim_to`, pass-through's deferred frees |
 //! | `compact.rs` | moving allocations down |
-//! | `teardown.rs` | the end of a pool |
+//! | `teardown.rs` | the end of a pool, without waiting for any stream |
+//! | `deferred.rs` | memory of dropped pools that work may still use, released by the device |
 //! | `native.rs` | the driver's own pool behind the same API |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
@@ -33,6 +34,7 @@ mod builder;
 mod compact;
 mod core;
 mod default;
+pub(crate) mod deferred;
 mod free;
 pub mod free_ring;
 mod handle;

@@ -17,7 +17,7 @@ use super::handle::{Handle, LenAndShard, PoolHolder, Relocatable, StreamHolder, 
 use super::policy::OomAction;
 use crate::buffer::{bytes_for, BufferOwner, DeviceBuffer, DeviceBufferMut, Sealed};
 use crate::device::Device;
-use crate::engine::BlockId;
+use crate::engine::{BlockId, ReuseKind};
 use crate::error::{OutOfMemory, Result};
 use crate::hal::DevicePtr;
 use crate::owned::OwnedStream;
@@ -246,6 +246,28 @@ impl<T> OwnedAlloc<T> {
     /// Whether the allocation has no elements (never: size 0 is rejected).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The reuse rule that served this allocation when it was made: `None` for fresh memory
+    /// (never used, or newly mapped) and for a native pool, whose driver does not tell.
+    /// Moving the allocation (compaction, a hand-off) does not change it. The same answer
+    /// as the history's `reuse` field, without a history.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{MemPool, ReuseKind};
+    /// let s = dev.create_owned_stream()?;
+    /// let pool = MemPool::builder().build_owned(&dev)?;
+    /// let a = pool.alloc_async::<u8>(4096, &s)?;
+    /// assert_eq!(a.reuse_kind(), None);
+    /// drop(a);
+    /// assert_eq!(pool.alloc_async::<u8>(4096, &s)?.reuse_kind(), Some(ReuseKind::SameStream));
+    /// # Ok(()) }
+    /// ```
+    pub fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.0.reuse_kind()
     }
 
     /// Size in bytes as requested (the block is rounded up to the pool's alignment).

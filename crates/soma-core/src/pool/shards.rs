@@ -24,7 +24,7 @@ use super::core::{CoreSpec, PoolCore};
 use super::order::Order;
 use super::policy::OomAction;
 use super::stats::PoolStats;
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{OutOfMemory, Result};
 use crate::stream::Stream;
 
 /// The most shards a pool may have
@@ -256,7 +256,10 @@ impl<'a> Cores<'a> {
         let mut sum = PoolStats::default();
         for core in self.iter() {
             let inner = core.lock();
-            let engine = inner.engine.stats();
+            let mut engine = inner.engine.stats();
+            if engine.pending_bytes > 0 {
+                engine.pending_bytes = core.unobserved_bytes(&inner.engine);
+            }
             sum += PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
         }
         sum.max_size = self.first.max_size;
@@ -328,7 +331,9 @@ impl PoolCore {
             let (engine, mut backing) = inner.parts(core);
             match engine.release(0, &order, &mut backing) {
                 Ok(n) => released += n,
-                Err(e) => core.put_sticky(&mut inner, Error::Driver(e)),
+                // Not an error of the request: what could not go stays cached, and the
+                // request goes on with what did.
+                Err(e) => crate::observe::trace_release_failed("other shards", &e),
             }
         }
         released

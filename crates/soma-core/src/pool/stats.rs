@@ -96,7 +96,9 @@ pub struct PoolStats {
     /// Times recycling on growth paused because it had become chronic (see the semantics'
     /// "Recycling pauses when it is chronic").
     pub recycling_pauses: u64,
-    /// Free bytes cached on a stream (not yet reusable by every stream).
+    /// Free bytes cached on a stream whose free the host has not observed (not yet reusable
+    /// by every stream): a synchronisation, a successful query or a dropped stream makes
+    /// the frees it covers leave this count.
     pub pending_bytes: u64,
     /// All free mapped bytes.
     pub free_bytes: u64,

@@ -81,20 +81,23 @@ impl AscendEvent {
     /// belongs to no live stream) is drained first.
     pub(crate) fn wait_on(&self, stream: &Arc<StreamShared>) -> DriverResult<()> {
         let last = lock(&self.last);
-        let Some((recorded_on, _)) = &*last else { return Ok(()) };
+        let Some((recorded_on, record)) = &*last else { return Ok(()) };
         if self.dev.captures.active()
             && recorded_on.upgrade().is_none()
             && stream.capture.id().is_none()
         {
             stream.drain()?;
         }
-        stream
-            .enqueue_wait(|s, _| {
-                // SAFETY: both handles are live (owned by live objects) and of this device.
-                unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }
-                    .map_err(map_call_err)
-            })
-            .map(drop)
+        let slot = stream.enqueue_wait(|s, _| {
+            // SAFETY: both handles are live (owned by live objects) and of this device.
+            unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }.map_err(map_call_err)
+        })?;
+        // Once `stream` is past the wait, the record has completed on its stream (a captured
+        // wait runs only at launches and proves nothing now).
+        if let Slot::Position(at) = slot {
+            stream.waits().push(at, recorded_on.clone(), *record);
+        }
+        Ok(())
     }
 
     /// The event's latest record completed: advance the recording stream.

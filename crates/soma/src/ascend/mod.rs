@@ -43,7 +43,8 @@
 //!   device in the common case).
 //! * **Stream positions** are counted by the backend; see [`AscendStream`]'s module docs:
 //!   completion is learnt at synchronize / successful query / event completion / host function
-//!   completion, never by extra tasks.
+//!   completion, never by extra tasks, and passed on along event waits: a stream past a wait
+//!   has had the event's record complete on the recording stream.
 //! * **Validation.** Device ranges given to copies and memsets must lie in memory mapped,
 //!   `malloc`'d or allocated from a [`NativePool`] through this backend
 //!   ([`DriverError::InvalidAddress`](soma_core::hal::DriverError::InvalidAddress) otherwise);
@@ -84,6 +85,7 @@ mod event;
 mod native_pool;
 mod raw;
 mod stream;
+mod waits;
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,10 @@
 //! * a host function advances its stream to its own position when it returns;
 //! * device synchronization advances every stream of the device;
 //! * soma-core passes on what its vector clocks learnt ([`StreamHal::note_completed`]): an
-//!   event of another stream that waited on this one, directly or through a chain.
+//!   event of another stream that waited on this one, directly or through a chain;
+//! * a stream that completed a wait on an event has had the event's record complete: every
+//!   advance of a stream's `completed` is passed on along its waits (`waits.rs`), so a
+//!   stream learnt complete (a query, a synchronize) proves the records it waited for.
 //!
 //! `completed()` therefore lags the device (never leads it): the pool engine sees frees as
 //! completed later than they are, which costs reuse opportunities, never safety. Before it
@@ -40,6 +43,7 @@ use super::conv::{dev_ptr, map_call_err, map_create_err, to_usize};
 use super::device::{copy_args, lock, DeviceInner};
 use super::event::AscendEvent;
 use super::raw;
+use super::waits::Waits;
 
 /// A runtime handle, shareable between threads.
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +77,8 @@ pub(crate) struct StreamShared {
     destroyed: AtomicBool,
     enqueued: AtomicU64,
     completed: AtomicU64,
+    /// Event waits, for what their completion proves about the recording streams.
+    waits: Waits,
     sticky: Mutex<Option<DriverError>>,
     /// The capture the stream records into, if any.
     pub(crate) capture: StreamCapture,
@@ -91,9 +97,15 @@ impl StreamShared {
         self.completed.load(Ordering::Acquire)
     }
 
-    /// Records that every task at position `<= position` has completed.
-    pub(crate) fn mark_completed(&self, position: u64) {
-        self.completed.fetch_max(position.min(self.enqueued()), Ordering::AcqRel);
+    /// Raises `completed` to `position` (at most what was enqueued); returns the new value.
+    pub(crate) fn advance_completed(&self, position: u64) -> u64 {
+        let target = position.min(self.enqueued());
+        self.completed.fetch_max(target, Ordering::AcqRel).max(target)
+    }
+
+    /// The waits on events whose completion this stream has not passed on yet.
+    pub(crate) fn waits(&self) -> &Waits {
+        &self.waits
     }
 
     /// The sticky error (a host function panicked), if any.
@@ -328,6 +340,7 @@ impl AscendStream {
             destroyed: AtomicBool::new(false),
             enqueued: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            waits: Waits::default(),
             sticky: Mutex::new(None),
             capture: StreamCapture::default(),
         });
