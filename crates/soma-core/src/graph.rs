@@ -110,7 +110,7 @@ impl<'d> Stream<'d> {
     /// # Errors
     /// The stream is already capturing, or the backend has no graph capture.
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
-        self.capture_hint.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.set_flag(crate::stream::CAPTURED);
         Ok(self.hal().begin_capture(mode)?)
     }
 
@@ -138,9 +138,7 @@ impl<'d> Stream<'d> {
     /// capturing): what a pool asks before it allocates or frees on the stream.
     #[inline]
     pub(crate) fn capture_id(&self) -> Option<u64> {
-        if !self.capture_hint.load(std::sync::atomic::Ordering::Relaxed)
-            || self.hal().capture_epoch() % 2 == 0
-        {
+        if self.flags() & crate::stream::CAPTURED == 0 || self.hal().capture_epoch() % 2 == 0 {
             return None;
         }
         self.hal().capture_info().ok().and_then(|info| info.capture)
@@ -148,11 +146,26 @@ impl<'d> Stream<'d> {
 
     /// [`CaptureErrorKind::NotCapturable`] when the stream is capturing: `what` cannot be
     /// recorded into a graph.
-    #[inline]
-    pub(crate) fn refuse_in_capture(&self, what: &str) -> Result<()> {
-        if !self.capture_hint.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
+    #[inline(always)]
+    pub(crate) fn refuse_in_capture(&self, what: &'static str) -> Result<()> {
+        self.refuse_in_capture_with(self.flags(), what)
+    }
+
+    /// [`refuse_in_capture`](Self::refuse_in_capture), with the stream's flags read by the
+    /// caller.
+    #[inline(always)]
+    pub(crate) fn refuse_in_capture_with(&self, flags: u8, what: &'static str) -> Result<()> {
+        if flags & crate::stream::CAPTURED != 0 {
+            return self.refuse_if_capturing(what);
         }
+        Ok(())
+    }
+
+    /// [`refuse_in_capture`](Self::refuse_in_capture) for a stream that began or joined a
+    /// capture at some point: asks the backend.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refuse_if_capturing(&self, what: &'static str) -> Result<()> {
         refuse_capturing(&**self.hal(), what)
     }
 

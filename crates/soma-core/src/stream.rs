@@ -1,7 +1,7 @@
 //! Streams: ordered queues of device work, and the typed copy / kernel API.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -16,6 +16,13 @@ use crate::event::Event;
 use crate::hal::{
     AccessMode, BufferAccess, KernelBuffers, KernelError, KernelLaunch, MemRef, StreamHal,
 };
+
+/// A stream flag: the raw handle was handed out, so work soma does not see may be enqueued
+/// on it at any time, and every free first lets the backend count a position for it.
+pub(crate) const FOREIGN_WORK: u8 = 1 << 0;
+/// A stream flag: the stream began or joined a capture at some point (see the `graph`
+/// module); until then the pool's capture checks cost one load, not a backend call.
+pub(crate) const CAPTURED: u8 = 1 << 1;
 
 /// A stream of a device: work enqueued on it executes in order, asynchronously to the host.
 ///
@@ -32,12 +39,9 @@ pub struct Stream<'d> {
     base: u64,
     /// What this stream's future work is ordered after, learnt from event waits.
     clock: Mutex<VectorClock>,
-    /// The raw handle was handed out: work soma does not see may be enqueued at any time,
-    /// so every free first lets the backend count a position for it.
-    foreign: AtomicBool,
-    /// The stream began or joined a capture at some point (see the `graph` module): until
-    /// then the pool's capture checks cost one load, not a backend call.
-    pub(crate) capture_hint: AtomicBool,
+    /// [`FOREIGN_WORK`] and [`CAPTURED`]: what makes a free on this stream take the slow
+    /// path. One byte, so that the pool's free reads both with one load.
+    flags: AtomicU8,
     /// The device's default pool, once this stream allocated from it (`alloc_async`).
     pub(crate) default_pool: OnceLock<crate::pool::OwnedPool>,
 }
@@ -56,8 +60,7 @@ impl<'d> Stream<'d> {
             slot,
             base,
             clock: Mutex::new(VectorClock::new()),
-            foreign: AtomicBool::new(false),
-            capture_hint: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
             default_pool: OnceLock::new(),
         })
     }
@@ -103,11 +106,30 @@ impl<'d> Stream<'d> {
     /// first counts a position for work enqueued on the raw handle.
     #[inline]
     pub(crate) fn positions(&self) -> (u64, u64) {
-        if self.foreign.load(Ordering::Relaxed) {
+        self.positions_with(self.flags())
+    }
+
+    /// [`positions`](Self::positions), with the stream's [`flags`](Self::flags) read by the
+    /// caller.
+    #[inline]
+    pub(crate) fn positions_with(&self, flags: u8) -> (u64, u64) {
+        if flags & FOREIGN_WORK != 0 {
             self.hal.note_foreign_work();
         }
         let local = self.hal.enqueued();
         (local, self.base + local)
+    }
+
+    /// What makes a free on this stream take the slow path ([`FOREIGN_WORK`], [`CAPTURED`]);
+    /// 0 for almost every stream.
+    #[inline(always)]
+    pub(crate) fn flags(&self) -> u8 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    /// Sets `flag` for the rest of the stream's life.
+    pub(crate) fn set_flag(&self, flag: u8) {
+        self.flags.fetch_or(flag, Ordering::Relaxed);
     }
 
     /// Tells soma that work it does not see (an operator launched on the backend's raw stream
@@ -128,7 +150,7 @@ impl<'d> Stream<'d> {
     /// counts a position for it. Called by the backends' raw accessors when they hand the
     /// handle out; it cannot be undone for the stream's lifetime.
     pub fn expect_foreign_work(&self) {
-        self.foreign.store(true, Ordering::Relaxed);
+        self.set_flag(FOREIGN_WORK);
         self.hal.note_foreign_work();
     }
 
@@ -176,7 +198,7 @@ impl<'d> Stream<'d> {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let npu = soma_sim::Npu::builder().build()?;
     /// # let dev = soma_core::Device::new(npu.device(0)?);
-    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::atomic::{AtomicU8, Ordering};
     /// let s = dev.create_stream()?;
     /// let ran = std::sync::Arc::new(AtomicBool::new(false));
     /// let flag = ran.clone();
@@ -279,7 +301,7 @@ impl<'d> Stream<'d> {
         let pos = self.hal.record(event)?;
         if !self.outside_capture_since(epoch) {
             // A captured record runs only when a graph is launched: it orders nothing now.
-            self.capture_hint.store(true, Ordering::Relaxed);
+            self.set_flag(CAPTURED);
             return Ok(VectorClock::new());
         }
         let mut snapshot = clock.clone();
@@ -300,7 +322,7 @@ impl<'d> Stream<'d> {
         let clock = event.wait_on(self)?;
         if !self.outside_capture_since(epoch) {
             // A captured wait (or one that made this stream join a capture) orders nothing.
-            self.capture_hint.store(true, Ordering::Relaxed);
+            self.set_flag(CAPTURED);
         } else if let Some(clock) = clock {
             self.clock.lock().join(&clock);
         }

@@ -34,7 +34,11 @@ impl PoolCore {
     /// as [`PoolCore::free_block`].
     #[inline]
     pub(super) fn free_typed(&self, f: &TypedFree<'_>) -> Result<()> {
-        f.stream.refuse_in_capture("a pool free")?;
+        // One load tells whether the stream needs anything but the fast path.
+        let flags = f.stream.flags();
+        if flags & crate::stream::CAPTURED != 0 {
+            f.stream.refuse_if_capturing("a pool free")?;
+        }
         let (Some(ring), Some(block)) = (&self.free_ring, f.block) else {
             return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
         };
@@ -47,7 +51,7 @@ impl PoolCore {
             block,
             offset: f.ptr.offset_from(self.base).unwrap_or(0),
             size,
-            tag: FreeTag { stream: f.stream.slot(), pos: f.stream.position() },
+            tag: FreeTag { stream: f.stream.slot(), pos: f.stream.positions_with(flags).1 },
         };
         if ring.push(ringed).is_err() {
             // Full: drain it (the lock does) and free directly.
