@@ -13,6 +13,7 @@ mod graph_capture;
 mod host_transfers;
 mod observe;
 mod owned;
+mod peer_access;
 mod pool;
 mod reuse_rules;
 mod sanitizer;

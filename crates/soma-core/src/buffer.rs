@@ -25,10 +25,13 @@ pub trait BufferOwner: sealed::Sealed + Sync {
     /// enqueued on the raw stream, see `docs/semantics.md`, "Work soma does not see").
     ///
     /// The first use on a stream makes that stream wait for the allocation point (an event
-    /// on the allocation's stream); later uses on the same stream cost nothing.
+    /// on the allocation's stream); later uses on the same stream cost nothing. The stream
+    /// may belong to a peer device with access to the buffer's device
+    /// ([`Device::enable_peer_access`]): the free then waits for that stream too.
     ///
     /// # Errors
-    /// A stream of another device, or backend failures while recording the event.
+    /// [`Error::PeerAccess`](crate::Error::PeerAccess) for a stream of a device without access
+    /// to the buffer's, or backend failures while recording the event.
     fn record_use(&self, stream: &Stream<'_>) -> Result<()>;
 }
 
