@@ -126,3 +126,21 @@ fn owned_allocations_record_peer_uses_too() {
     drop(weights);
     assert_eq!(s0.download(&mine).unwrap(), vec![3; 64]);
 }
+
+#[test]
+fn a_driver_allocation_waits_for_its_peer_users() {
+    let npu = two_devices();
+    let (d0, d1) = (npu.device(0).unwrap(), npu.device(1).unwrap());
+    d1.enable_peer_access(&d0).unwrap();
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let mut plain = soma::DriverAlloc::<u8>::new(&d0, 4096).unwrap();
+    s0.fill(&mut plain, 3).unwrap();
+    s0.synchronize().unwrap();
+    let pool = MemPool::builder().build(&d1).unwrap();
+    let mut copy = pool.alloc_zeros::<u8>(4096, &s1).unwrap();
+    s1.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(30))).unwrap();
+    s1.copy(&mut copy, &plain).unwrap();
+    // Freeing synchronises device 1 too: the copy queued there reads the memory first.
+    plain.free().unwrap();
+    assert_eq!(s1.download(&copy).unwrap(), vec![3; 4096]);
+}
