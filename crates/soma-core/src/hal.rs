@@ -594,7 +594,8 @@ pub trait StreamHal: Send + Sync + 'static {
     /// Enqueues a kernel.
     fn launch(&self, kernel: KernelLaunch) -> DriverResult<()>;
 
-    /// Enqueues a device-to-device copy.
+    /// Enqueues a device-to-device copy. Either end may be memory of a peer device this
+    /// stream's device has access to (see the module docs, *Several devices*).
     fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()>;
 
     /// Enqueues a copy whose ends may be host memory (`aclrtMemcpyAsync`).
