@@ -212,11 +212,17 @@ impl<'d> Stream<'d> {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let npu = soma_sim::Npu::builder().build()?;
     /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use std::sync::atomic::{AtomicBool, Ordering};
     /// let s = dev.create_stream()?;
-    /// s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))?;
+    /// let ran = std::sync::Arc::new(AtomicBool::new(false));
+    /// let flag = ran.clone();
+    /// s.host_fn(move || {
+    ///     std::thread::sleep(std::time::Duration::from_millis(5));
+    ///     flag.store(true, Ordering::Release);
+    /// })?;
     /// let done = s.synchronize_async();      // enqueued now: covers the host function
     /// block_on(done)?;                       // any executor (tokio, smol, a hand-made one)
-    /// assert!(s.query()?);
+    /// assert!(ran.load(Ordering::Acquire));
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
     /// #     struct Unpark(std::thread::Thread);
     /// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
