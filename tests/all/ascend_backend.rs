@@ -9,8 +9,12 @@ use soma::ascend::{devices, Acl};
 use soma::{attr, Device, Error, MemPool, ReusePolicy};
 
 /// `libascendcl.so` built from `crates/soma-capi` (a dev-dependency, so cargo builds it into
-/// the same `deps/` directory as this test binary).
+/// the same `deps/` directory as this test binary). Its runtime, started by the first call,
+/// has two devices (for peer access); the other tests use the first.
 fn capi_library() -> PathBuf {
+    static TWO_DEVICES: std::sync::Once = std::sync::Once::new();
+    // Read by the library when its runtime starts, after this (every test loads it here).
+    TWO_DEVICES.call_once(|| std::env::set_var("SOMA_SIM_DEVICES", "2"));
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("deps directory");
     for dir in [deps.to_path_buf(), deps.join("..")] {
@@ -558,4 +562,47 @@ fn a_dropped_pool_leaves_its_memory_to_the_device_until_the_work_completes() {
     s.synchronize().unwrap();
     assert_eq!(dev.mem_info().unwrap().free, before);
     dev.synchronize().unwrap(); // no error was left behind
+}
+
+#[test]
+fn peer_access_runs_on_the_ascend_backend() {
+    use soma::hal::{DeviceHal, DriverError};
+    let _serial = serial();
+    let path = capi_library();
+    // SAFETY: as in `device()`.
+    let acl = Arc::new(unsafe { Acl::open(&path) }.expect("load soma-capi"));
+    let mut ascend = devices(acl).unwrap().into_iter();
+    let (a0, a1) = (Arc::new(ascend.next().unwrap()), Arc::new(ascend.next().unwrap()));
+    let (d0, d1) = (Device::new(a0.clone()), Device::new(a1.clone()));
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let (p0, p1) = (
+        MemPool::builder().max_size(16 << 20).build(&d0).unwrap(),
+        MemPool::builder().max_size(16 << 20).build(&d1).unwrap(),
+    );
+    let weights = p0.upload(&[5u32; 1024], &s0).unwrap();
+    let mut local = p1.alloc_zeros::<u32>(1024, &s1).unwrap();
+
+    // The backend itself refuses device 0's memory on device 1's stream without access.
+    let raw = s1.hal().copy_d2d(local.device_ptr(), weights.device_ptr(), 4096);
+    assert!(matches!(raw, Err(DriverError::InvalidAddress { .. })), "{raw:?}");
+    assert!(d1.can_access_peer(&d0).unwrap());
+    assert!(matches!(s1.copy(&mut local, &weights), Err(Error::PeerAccess(_))));
+
+    d1.enable_peer_access(&d0).unwrap();
+    assert!(a1.peer_access_enabled(&*a0) && !a0.peer_access_enabled(&*a1));
+    assert!(matches!(d1.enable_peer_access(&d0), Err(Error::PeerAccess(_))));
+    s1.copy(&mut local, &weights).unwrap();
+    // The free on device 0 waits for device 1's copy (an event of device 1 waited on there).
+    drop(weights);
+    assert_eq!(s1.download(&local).unwrap(), vec![5; 1024]);
+    s0.synchronize().unwrap();
+    assert!(p0.trim_to(0).unwrap() > 0, "the freed block went back once device 1's copy ran");
+
+    d1.disable_peer_access(&d0).unwrap();
+    assert!(!a1.peer_access_enabled(&*a0));
+    let other = p0.upload(&[1u32; 16], &s0).unwrap();
+    let before = s1.hal().enqueued();
+    let raw = s1.hal().copy_d2d(local.device_ptr(), other.device_ptr(), 64);
+    assert!(matches!(raw, Err(DriverError::InvalidAddress { .. })), "{raw:?}");
+    assert_eq!(s1.hal().enqueued(), before, "a refused copy enqueues nothing");
 }

@@ -14,6 +14,7 @@ mod graph_capture;
 mod host_transfers;
 mod observe;
 mod owned;
+mod peer_access;
 mod pool;
 mod pool_stats;
 mod reuse_rules;

@@ -312,6 +312,22 @@ pub struct AclLib {
         unsafe extern "C" fn() -> aclError,
         ::libloading::Error,
     >,
+    pub aclrtDeviceCanAccessPeer: Result<
+        unsafe extern "C" fn(
+            canAccessPeer: *mut i32,
+            deviceId: i32,
+            peerDeviceId: i32,
+        ) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclrtDeviceEnablePeerAccess: Result<
+        unsafe extern "C" fn(peerDeviceId: i32, flags: u32) -> aclError,
+        ::libloading::Error,
+    >,
+    pub aclrtDeviceDisablePeerAccess: Result<
+        unsafe extern "C" fn(peerDeviceId: i32) -> aclError,
+        ::libloading::Error,
+    >,
     pub aclrtCreateContext: Result<
         unsafe extern "C" fn(context: *mut aclrtContext, deviceId: i32) -> aclError,
         ::libloading::Error,
@@ -620,6 +636,18 @@ impl AclLib {
             __library.get(b"aclrtSynchronizeDevice\0")
         }
             .map(|sym| *sym);
+        let aclrtDeviceCanAccessPeer = unsafe {
+            __library.get(b"aclrtDeviceCanAccessPeer\0")
+        }
+            .map(|sym| *sym);
+        let aclrtDeviceEnablePeerAccess = unsafe {
+            __library.get(b"aclrtDeviceEnablePeerAccess\0")
+        }
+            .map(|sym| *sym);
+        let aclrtDeviceDisablePeerAccess = unsafe {
+            __library.get(b"aclrtDeviceDisablePeerAccess\0")
+        }
+            .map(|sym| *sym);
         let aclrtCreateContext = unsafe { __library.get(b"aclrtCreateContext\0") }
             .map(|sym| *sym);
         let aclrtDestroyContext = unsafe { __library.get(b"aclrtDestroyContext\0") }
@@ -730,6 +758,9 @@ impl AclLib {
             aclrtGetDevice,
             aclrtGetDeviceCount,
             aclrtSynchronizeDevice,
+            aclrtDeviceCanAccessPeer,
+            aclrtDeviceEnablePeerAccess,
+            aclrtDeviceDisablePeerAccess,
             aclrtCreateContext,
             aclrtDestroyContext,
             aclrtSetCurrentContext,
@@ -818,6 +849,41 @@ impl AclLib {
                 .aclrtSynchronizeDevice
                 .as_ref()
                 .expect("Expected function, got error."))()
+        }
+    }
+    pub unsafe fn aclrtDeviceCanAccessPeer(
+        &self,
+        canAccessPeer: *mut i32,
+        deviceId: i32,
+        peerDeviceId: i32,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclrtDeviceCanAccessPeer
+                .as_ref()
+                .expect(
+                    "Expected function, got error.",
+                ))(canAccessPeer, deviceId, peerDeviceId)
+        }
+    }
+    pub unsafe fn aclrtDeviceEnablePeerAccess(
+        &self,
+        peerDeviceId: i32,
+        flags: u32,
+    ) -> aclError {
+        unsafe {
+            (self
+                .aclrtDeviceEnablePeerAccess
+                .as_ref()
+                .expect("Expected function, got error."))(peerDeviceId, flags)
+        }
+    }
+    pub unsafe fn aclrtDeviceDisablePeerAccess(&self, peerDeviceId: i32) -> aclError {
+        unsafe {
+            (self
+                .aclrtDeviceDisablePeerAccess
+                .as_ref()
+                .expect("Expected function, got error."))(peerDeviceId)
         }
     }
     pub unsafe fn aclrtCreateContext(

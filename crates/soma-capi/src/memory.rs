@@ -7,7 +7,7 @@ use ascend_sys::{aclError, aclrtMemAttr, aclrtMemMallocPolicy, aclrtMemcpyKind, 
 use soma_core::hal::{DevicePtr, MemRef};
 
 use crate::error::{guard, AclErr, AclResult};
-use crate::runtime::{out_ptr, rt, write_out, MallocRec, Runtime, StreamObj};
+use crate::runtime::{out_ptr, rt, write_out, DevEntry, MallocRec, Runtime, StreamObj};
 
 /// Alignment of `aclrtMallocHost` blocks (a host page).
 const HOST_ALIGN: usize = 4096;
@@ -144,10 +144,23 @@ enum Kind {
     D2D,
 }
 
-/// A validated copy: its kind and the device of its device end(s).
+/// A validated copy: its kind and the devices of its device ends.
 struct Copy {
     kind: Kind,
-    dev: Option<u32>,
+    dst: Option<u32>,
+    src: Option<u32>,
+}
+
+impl Copy {
+    /// The device that runs a synchronous copy: the device of its device end(s), or, between
+    /// two devices, the current device (which needs access to each end it does not own).
+    fn runner(&self, rt: &'static Runtime) -> Option<&'static DevEntry> {
+        match (self.dst, self.src) {
+            (Some(a), Some(b)) if a != b => Some(rt.current()),
+            (Some(d), _) | (None, Some(d)) => Some(rt.dev(d)),
+            (None, None) => None,
+        }
+    }
 }
 
 fn kind_name(kind: aclrtMemcpyKind) -> &'static str {
@@ -217,14 +230,7 @@ fn check_copy(
             at(sloc)
         )));
     }
-    if let (Some(a), Some(b)) = (dloc, sloc) {
-        if a != b {
-            return Err(AclErr::param(format!(
-                "copies between devices are not supported (dst on device {a}, src on device {b})"
-            )));
-        }
-    }
-    Ok(Some(Copy { kind: asked, dev: dloc.or(sloc) }))
+    Ok(Some(Copy { kind: asked, dst: dloc, src: sloc }))
 }
 
 fn mem_ref(p: *const c_void, device: bool) -> MemRef {
@@ -252,7 +258,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
     guard("aclrtMemcpy", || {
         let rt = rt()?;
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
-        match (c.kind, c.dev) {
+        match (c.kind, c.runner(rt)) {
             (Kind::H2H, _) | (_, None) => {
                 rt.current().check_unsafe_call("aclrtMemcpy")?;
                 // SAFETY: the caller guarantees both host ranges are valid; `copy` allows
@@ -260,12 +266,13 @@ pub unsafe extern "C" fn aclrtMemcpy(
                 unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
                 Ok(())
             }
-            (k, Some(d)) => {
+            (k, Some(dev)) => {
+                check_access(rt, dev, &[c.dst, c.src])?;
                 let d_ref = mem_ref(dst, matches!(k, Kind::H2D | Kind::D2D));
                 let s_ref = mem_ref(src, matches!(k, Kind::D2H | Kind::D2D));
                 // SAFETY: the caller guarantees the host end is valid for `count` bytes for
                 // the duration of this synchronous call; device ends are checked by the device.
-                Ok(unsafe { rt.dev(d).hal().copy_sync(d_ref, s_ref, count as u64) }?)
+                Ok(unsafe { dev.hal().copy_sync(d_ref, s_ref, count as u64) }?)
             }
         }
     })
@@ -327,14 +334,24 @@ impl HostCopy {
     }
 }
 
-fn check_stream_device(s: &StreamObj, dev: Option<u32>) -> AclResult {
-    match dev {
-        Some(d) if d != s.dev => Err(AclErr::param(format!(
-            "the memory belongs to device {d} and the stream to device {}",
-            s.dev
-        ))),
-        _ => Ok(()),
+/// Checks that `dev` may use the memory of every device in `ends`: its own, or a peer's it
+/// has access to (`aclrtDeviceEnablePeerAccess`).
+fn check_access(rt: &'static Runtime, dev: &DevEntry, ends: &[Option<u32>]) -> AclResult {
+    for &d in ends.iter().flatten() {
+        if !dev.device.has_peer_access(&rt.dev(d).device) {
+            return Err(AclErr::param(format!(
+                "the memory belongs to device {d} and the work runs on device {}, without peer \
+                 access from device {} to device {d} (aclrtDeviceEnablePeerAccess)",
+                dev.index, dev.index
+            )));
+        }
     }
+    Ok(())
+}
+
+/// [`check_access`] for work on stream `s`.
+fn check_stream_access(rt: &'static Runtime, s: &StreamObj, ends: &[Option<u32>]) -> AclResult {
+    check_access(rt, rt.dev(s.dev), ends)
 }
 
 /// The host ends of an asynchronous copy: on a capturing stream they must be host memory from
@@ -384,7 +401,7 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
         let rt = rt()?;
         let s = rt.stream(stream)?;
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
-        check_stream_device(&s, c.dev)?;
+        check_stream_access(rt, &s, &[c.dst, c.src])?;
         check_host_ends(rt, &s, &c, dst, src, count)?;
         let hal = s.stream.hal();
         match c.kind {
@@ -479,7 +496,7 @@ pub extern "C" fn aclrtMemsetAsync(
                 "{devPtr:p} is neither device memory nor host memory from aclrtMallocHost"
             ))
         })?;
-        check_stream_device(&s, Some(dev))?;
+        check_stream_access(rt, &s, &[Some(dev)])?;
         let p = device_ptr(devPtr as u64, "devPtr")?;
         Ok(s.stream.hal().memset(p, value as u8, count as u64)?)
     })

@@ -53,7 +53,7 @@ fn parse_product(s: &str) -> Option<Product> {
 }
 
 impl Config {
-    /// Reads `SOMA_SIM_DEVICES` (1–64, default 1), `SOMA_SIM_CAPACITY` (bytes per device,
+    /// Reads `SOMA_SIM_DEVICES` (1–16, default 1), `SOMA_SIM_CAPACITY` (bytes per device,
     /// suffixes K/M/G/T or KiB/MiB/GiB/TiB, default 64 GiB), `SOMA_SIM_PRODUCT` (`atlas-a2`,
     /// the default, or `atlas-300i-duo`) and `SOMA_SIM_LATENCY` (`none`, the default, or
     /// `ascend`).
@@ -62,8 +62,9 @@ impl Config {
         let devices = match var("SOMA_SIM_DEVICES") {
             None => 1,
             Some(v) => {
-                v.trim().parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
-                    format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to 64")
+                let max = soma_sim::MAX_DEVICES;
+                v.trim().parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| {
+                    format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to {max}")
                 })?
             }
         };
@@ -276,7 +277,7 @@ impl MemIndex {
     /// The device whose memory region contains `addr`, if any.
     pub(crate) fn device_of(&self, addr: u64) -> Option<u32> {
         self.hulls.iter().position(|h| h.is_some_and(|(lo, hi)| addr >= lo && addr < hi)).map(|i| {
-            // At most 64 devices: the index fits.
+            // At most 16 devices: the index fits.
             i as u32
         })
     }

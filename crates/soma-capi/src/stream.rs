@@ -7,7 +7,7 @@ use ascend_sys::{
 };
 
 use crate::error::{guard, AclErr};
-use crate::runtime::{out_ptr, rt, write_out, EventObj, StreamObj};
+use crate::runtime::{out_ptr, rt, write_out, EventObj, Runtime, StreamObj};
 
 /// Creates a stream on the calling thread's current device.
 ///
@@ -120,9 +120,24 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -
         let rt = rt()?;
         let e = rt.events.get(event)?;
         let s = rt.stream(stream)?;
-        check_same_device(&s, &e)?;
+        check_linked(rt, &s, &e)?;
         Ok(s.stream.wait_event(&e.event)?)
     })
+}
+
+/// A stream may wait on an event of its device, or of a device linked to it by peer access
+/// (in either direction).
+fn check_linked(rt: &'static Runtime, s: &StreamObj, e: &EventObj) -> Result<(), AclErr> {
+    let (a, b) = (&rt.dev(s.dev).device, &rt.dev(e.dev).device);
+    if a.has_peer_access(b) || b.has_peer_access(a) {
+        Ok(())
+    } else {
+        Err(AclErr::param(format!(
+            "the event belongs to device {} and the stream to device {}, without peer access \
+             between them",
+            e.dev, s.dev
+        )))
+    }
 }
 
 fn check_same_device(s: &StreamObj, e: &EventObj) -> Result<(), AclErr> {

@@ -229,6 +229,103 @@ impl Device {
     pub(crate) fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
+
+    /// Whether this device's streams could use `peer`'s memory once access is enabled
+    /// (`aclrtDeviceCanAccessPeer`): `false` for a device of another backend or NPU.
+    ///
+    /// # Errors
+    /// [`Error::PeerAccess`] for the device itself; backend failures.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        self.refuse_itself(peer, "can_access_peer")?;
+        Ok(self.hal().can_access_peer(&**peer.hal())?)
+    }
+
+    /// Lets kernels, copies and memsets enqueued on this device's streams use `peer`'s memory
+    /// (`aclrtDeviceEnablePeerAccess` from this device): a pool's allocations on `peer` become
+    /// usable here, their frees ordered after those uses (see
+    /// [`BufferOwner::record_use`](crate::BufferOwner::record_use)), and streams of the two
+    /// devices may wait on each other's events. Access is per ordered pair: `peer` gains no
+    /// access to this device's memory.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().devices(2).build()?;
+    /// # let (d0, d1) = (soma_core::Device::new(npu.device(0)?), soma_core::Device::new(npu.device(1)?));
+    /// use soma_core::MemPool;
+    /// let (s0, s1) = (d0.create_stream()?, d1.create_stream()?);
+    /// let (p0, p1) = (MemPool::builder().build(&d0)?, MemPool::builder().build(&d1)?);
+    /// let weights = p0.upload(&[1.0f32, 2.0], &s0)?;
+    /// let mut local = p1.alloc_zeros::<f32>(2, &s1)?;
+    /// assert!(s1.copy(&mut local, &weights).is_err()); // no access yet
+    /// d1.enable_peer_access(&d0)?;
+    /// s1.copy(&mut local, &weights)?;                  // device 1 reads device 0's memory
+    /// assert_eq!(s1.download(&local)?, vec![1.0, 2.0]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::PeerAccess`] for the device itself, a device it cannot access
+    /// ([`can_access_peer`](Self::can_access_peer)), or access already enabled; backend
+    /// failures. A refused call changes nothing.
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        self.refuse_itself(peer, "enable_peer_access")?;
+        if self.has_peer_access(peer) {
+            return Err(Error::PeerAccess(format!(
+                "access from device {} to device {} is already enabled",
+                self.info().ordinal,
+                peer.info().ordinal
+            )));
+        }
+        if !self.can_access_peer(peer)? {
+            return Err(Error::PeerAccess(format!(
+                "device {} cannot access device {} (another backend or NPU, or no link)",
+                self.info().ordinal,
+                peer.info().ordinal
+            )));
+        }
+        Ok(self.hal().enable_peer_access(&**peer.hal())?)
+    }
+
+    /// Withdraws the access [`enable_peer_access`](Self::enable_peer_access) gave
+    /// (`aclrtDeviceDisablePeerAccess`). Work already enqueued runs; new work on this
+    /// device's streams may no longer use `peer`'s memory. Frees of `peer`'s allocations stay
+    /// ordered after their uses here.
+    ///
+    /// # Errors
+    /// [`Error::PeerAccess`] for the device itself or access not enabled; backend failures.
+    pub fn disable_peer_access(&self, peer: &Device) -> Result<()> {
+        self.refuse_itself(peer, "disable_peer_access")?;
+        if !self.has_peer_access(peer) {
+            return Err(Error::PeerAccess(format!(
+                "access from device {} to device {} is not enabled",
+                self.info().ordinal,
+                peer.info().ordinal
+            )));
+        }
+        Ok(self.hal().disable_peer_access(&**peer.hal())?)
+    }
+
+    /// Whether work on this device's streams may use `peer`'s memory: the same device, or
+    /// peer access enabled from this device to `peer`.
+    pub fn has_peer_access(&self, peer: &Device) -> bool {
+        self.same_as(peer) || self.hal().peer_access_enabled(&**peer.hal())
+    }
+
+    /// Whether the streams of `self` and `other` may order each other with events: the same
+    /// device, or peer access enabled between them in either direction.
+    pub(crate) fn linked_to(&self, other: &Device) -> bool {
+        self.has_peer_access(other) || other.has_peer_access(self)
+    }
+
+    fn refuse_itself(&self, peer: &Device, what: &str) -> Result<()> {
+        if self.same_as(peer) {
+            return Err(Error::PeerAccess(format!(
+                "{what}: device {} and itself (a device always uses its own memory)",
+                self.info().ordinal
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Device {

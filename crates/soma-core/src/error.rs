@@ -26,6 +26,12 @@ pub enum Error {
     /// A stream, event or allocation that belongs to another device or pool.
     #[error("wrong device or pool: {0}")]
     WrongDevice(String),
+    /// Memory of another device used without peer access from the stream's device to it
+    /// (see [`Device::enable_peer_access`](crate::Device::enable_peer_access)), or a peer
+    /// access call the devices refuse (the device itself, access already enabled or not
+    /// enabled).
+    #[error("peer access: {0}")]
+    PeerAccess(String),
     /// More live streams on one device than the pool's bookkeeping supports.
     #[error("too many live streams on this device (at most {max})")]
     TooManyStreams {

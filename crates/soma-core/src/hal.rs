@@ -28,6 +28,15 @@
 //! allocated, mapped or accounted. (One exception, graph capture's forbidden calls, which
 //! invalidate the capture: see [`capture`].)
 //!
+//! # Several devices
+//!
+//! A device's streams use its own memory. Once peer access is enabled from device B to
+//! device A ([`DeviceHal::enable_peer_access`], per ordered pair), kernels, copies and
+//! memsets on B's streams may also name A's memory: the backend validates each range against
+//! the device that owns it, and a range of a device without access is an
+//! [`DriverError::InvalidAddress`] naming it. A stream may wait on an event recorded on
+//! another device's stream of the same backend (the order holds across devices).
+//!
 //! # Graph capture
 //!
 //! A stream can record its tasks into a graph instead of running them
@@ -449,6 +458,48 @@ pub trait DeviceHal: Send + Sync + 'static {
         ))
     }
 
+    /// Whether work on this device's streams could use `peer`'s memory once peer access is
+    /// enabled (`aclrtDeviceCanAccessPeer`): both devices belong to this backend, are
+    /// distinct, and are linked. `false` by default.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {
+        let _ = peer;
+        Ok(false)
+    }
+
+    /// Lets kernels and copies on this device's streams use `peer`'s memory
+    /// (`aclrtDeviceEnablePeerAccess` with this device current). Access is per ordered pair:
+    /// enabling it from `self` to `peer` gives `peer` no access to `self`'s memory.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidValue`] for the device itself, a device that cannot be reached,
+    /// or access already enabled; [`DriverError::Unsupported`] when the backend has no peer
+    /// access (the default). A refused call changes nothing.
+    fn enable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        let _ = peer;
+        Err(DriverError::Unsupported("this backend has no peer access between devices".into()))
+    }
+
+    /// Withdraws the access [`enable_peer_access`](Self::enable_peer_access) gave
+    /// (`aclrtDeviceDisablePeerAccess`). Work already enqueued keeps running; new work on this
+    /// device's streams may no longer use `peer`'s memory.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidValue`] when access is not enabled;
+    /// [`DriverError::Unsupported`] when the backend has no peer access (the default).
+    fn disable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        let _ = peer;
+        Err(DriverError::Unsupported("this backend has no peer access between devices".into()))
+    }
+
+    /// Whether peer access from this device to `peer` is enabled (`false` by default).
+    fn peer_access_enabled(&self, peer: &dyn DeviceHal) -> bool {
+        let _ = peer;
+        false
+    }
+
     /// Whether the device wants [`PoolAnnotation`]s (a sanitizer is on). Pools ask once, at
     /// creation, so that the hot path pays nothing otherwise.
     fn wants_annotations(&self) -> bool {
@@ -543,7 +594,8 @@ pub trait StreamHal: Send + Sync + 'static {
     /// Enqueues a kernel.
     fn launch(&self, kernel: KernelLaunch) -> DriverResult<()>;
 
-    /// Enqueues a device-to-device copy.
+    /// Enqueues a device-to-device copy. Either end may be memory of a peer device this
+    /// stream's device has access to (see the module docs, *Several devices*).
     fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()>;
 
     /// Enqueues a copy whose ends may be host memory (`aclrtMemcpyAsync`).

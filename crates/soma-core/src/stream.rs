@@ -173,6 +173,42 @@ impl<'d> Stream<'d> {
         Error::WrongDevice(format!("{what} belongs to another device than stream {}", self.id()))
     }
 
+    /// Checks that work on this stream may use memory of `device`: its own device's, or a
+    /// peer's this device has access to ([`Device::enable_peer_access`]).
+    #[inline]
+    pub(crate) fn check_access(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.same_as(device) {
+            Ok(())
+        } else {
+            self.check_peer_access(device, what)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_peer_access(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.has_peer_access(device) {
+            return Ok(());
+        }
+        Err(Error::PeerAccess(format!(
+            "{what} is memory of device {}, and peer access from device {} (stream {}) to it is \
+             not enabled (Device::enable_peer_access)",
+            device.info().ordinal,
+            self.device.info().ordinal,
+            self.id()
+        )))
+    }
+
+    /// Checks that this stream may wait on an event of `device`: its own device's, or one
+    /// linked to it by peer access in either direction.
+    fn check_event_device(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.linked_to(device) {
+            Ok(())
+        } else {
+            Err(self.wrong_device(what))
+        }
+    }
+
     /// Blocks until everything enqueued so far has completed, then applies the release
     /// threshold of the device's pools. Frees made on this stream before the call become
     /// reusable by every stream.
@@ -198,17 +234,17 @@ impl<'d> Stream<'d> {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let npu = soma_sim::Npu::builder().build()?;
     /// # let dev = soma_core::Device::new(npu.device(0)?);
-    /// use std::sync::atomic::{AtomicU8, Ordering};
+    /// use std::sync::atomic::{AtomicBool, Ordering};
     /// let s = dev.create_stream()?;
     /// let ran = std::sync::Arc::new(AtomicBool::new(false));
     /// let flag = ran.clone();
     /// s.host_fn(move || {
     ///     std::thread::sleep(std::time::Duration::from_millis(5));
-    ///     flag.store(true, Ordering::SeqCst);
+    ///     flag.store(true, Ordering::Release);
     /// })?;
     /// let done = s.synchronize_async();      // enqueued now: covers the host function
     /// block_on(done)?;                       // any executor (tokio, smol, a hand-made one)
-    /// assert!(ran.load(Ordering::SeqCst));
+    /// assert!(ran.load(Ordering::Acquire));
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
     /// #     struct Unpark(std::thread::Thread);
     /// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
@@ -314,16 +350,22 @@ impl<'d> Stream<'d> {
     /// pool learns from it: blocks freed before that record (on its stream, or on any stream
     /// it was itself ordered after) become reusable here when `follow_event_dependencies` is on.
     ///
+    /// The event may belong to another device linked to this one by peer access (either
+    /// direction): the wait orders the work, but the pool learns nothing from it (its
+    /// happens-before knowledge is per device), so no block moves between devices.
+    ///
     /// # Errors
-    /// Backend failures, or an event of another device.
+    /// Backend failures, or an event of another device without peer access between them.
     pub fn wait_event(&self, event: &Event<'_>) -> Result<()> {
-        self.check_device(event.device(), "the event")?;
+        self.check_event_device(event.device(), "the event")?;
         let epoch = self.capture_epoch();
         let clock = event.wait_on(self)?;
         if !self.outside_capture_since(epoch) {
             // A captured wait (or one that made this stream join a capture) orders nothing.
             self.set_flag(CAPTURED);
-        } else if let Some(clock) = clock {
+        } else if let Some(clock) = clock.filter(|_| self.device.same_as(event.device())) {
+            // Clocks name stream slots of one device: another device's would mean other
+            // streams here.
             self.clock.lock().join(&clock);
         }
         Ok(())
@@ -334,13 +376,14 @@ impl<'d> Stream<'d> {
     }
 
     /// Makes this stream wait for everything enqueued on `other` so far (an event recorded
-    /// on `other` and waited on here).
+    /// on `other` and waited on here). `other` may be a stream of a device linked to this
+    /// one by peer access, as for [`wait_event`](Self::wait_event).
     ///
     /// # Errors
-    /// A stream of another device (nothing is enqueued on either stream then), backend
-    /// failures.
+    /// A stream of another device without peer access between them (nothing is enqueued on
+    /// either stream then), backend failures.
     pub fn wait_stream(&self, other: &Stream<'_>) -> Result<()> {
-        self.check_device(other.device(), "wait_stream: the other stream")?;
+        self.check_event_device(other.device(), "wait_stream: the other stream")?;
         let event = other.record_event()?;
         self.wait_event(&event)
     }
@@ -353,9 +396,10 @@ impl<'d> Stream<'d> {
         Ok(self.hal.host_fn(Box::new(f))?)
     }
 
-    /// Records a use of `buffer` by work about to be enqueued here (checks its device).
+    /// Records a use of `buffer` by work about to be enqueued here (checks its device: this
+    /// stream's, or a peer's it has access to).
     pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
-        self.check_device(buffer.device(), "the buffer")?;
+        self.check_access(buffer.device(), "the buffer")?;
         if self.capture_id().is_some() {
             // Captured work runs at launches, not now: see the `graph` module.
             return Ok(());
@@ -367,7 +411,7 @@ impl<'d> Stream<'d> {
     /// so the host slice is free to change when this returns.
     ///
     /// # Errors
-    /// `src` longer than `dst`, buffer of another device, or backend failures.
+    /// `src` longer than `dst`, a buffer of a device without peer access, or backend failures.
     pub fn copy_from_host<B: DeviceBufferMut>(&self, dst: &mut B, src: &[B::Elem]) -> Result<()> {
         if src.len() > dst.len() {
             return Err(Error::InvalidArgument(format!(
@@ -410,7 +454,7 @@ impl<'d> Stream<'d> {
     /// [`HostBuffer`](crate::HostBuffer) without blocking.
     ///
     /// # Errors
-    /// `dst` longer than `src`, buffer of another device, the stream's sticky error.
+    /// `dst` longer than `src`, a buffer of a device without peer access, the stream's sticky error.
     pub fn copy_to_host<B: DeviceBuffer>(&self, src: &B, dst: &mut [B::Elem]) -> Result<()> {
         if dst.len() > src.len() {
             return Err(Error::InvalidArgument(format!(
@@ -467,10 +511,13 @@ impl<'d> Stream<'d> {
         Ok(host)
     }
 
-    /// Enqueues a device-to-device copy of the start of `src` into `dst`.
+    /// Enqueues a device-to-device copy of the start of `src` into `dst`. Either may be memory
+    /// of a peer device this stream's device has access to ([`Device::enable_peer_access`]):
+    /// a copy between devices, over the link between them.
     ///
     /// # Errors
-    /// `src` longer than `dst`, buffers of another device, backend failures.
+    /// `src` longer than `dst`, [`Error::PeerAccess`] for a buffer of another device without
+    /// access, backend failures.
     pub fn copy<D, S>(&self, dst: &mut D, src: &S) -> Result<()>
     where
         D: DeviceBufferMut,
@@ -484,8 +531,8 @@ impl<'d> Stream<'d> {
             )));
         }
         // Both devices first: a refused copy records no use (no event) on either buffer.
-        self.check_device(dst.device(), "the buffer")?;
-        self.check_device(src.device(), "the buffer")?;
+        self.check_access(dst.device(), "the destination")?;
+        self.check_access(src.device(), "the source")?;
         self.note_use(dst)?;
         self.note_use(src)?;
         let len = src.byte_len();
@@ -498,7 +545,7 @@ impl<'d> Stream<'d> {
     /// Enqueues a memset of every byte of `dst` to `value`.
     ///
     /// # Errors
-    /// Buffer of another device, backend failures.
+    /// A buffer of a device without peer access ([`Error::PeerAccess`]), backend failures.
     pub fn memset<B: DeviceBufferMut>(&self, dst: &mut B, value: u8) -> Result<()> {
         self.note_use(dst)?;
         if dst.byte_len() == 0 {
@@ -525,7 +572,7 @@ impl<'d> Stream<'d> {
     /// ```
     ///
     /// # Errors
-    /// Buffer of another device, backend failures.
+    /// A buffer of a device without peer access ([`Error::PeerAccess`]), backend failures.
     pub fn fill<B: DeviceBufferMut>(&self, dst: &mut B, value: B::Elem) -> Result<()> {
         let bytes = bytemuck::bytes_of(&value);
         if bytes.iter().all(|&b| b == bytes[0]) {
@@ -574,9 +621,11 @@ impl<'d> Stream<'d> {
     /// # Ok(()) }
     /// ```
     ///
+    /// Buffers may be memory of peer devices this stream's device has access to.
+    ///
     /// # Errors
-    /// Buffers of another device, backends without closure kernels, overlapping write
-    /// buffers, backend failures. A failing body fails the stream (reported by the next
+    /// [`Error::PeerAccess`] for a buffer of another device without access, backends without
+    /// closure kernels, overlapping write buffers, backend failures. A failing body fails the stream (reported by the next
     /// synchronize).
     pub fn launch<F>(&self, name: &'static str, args: &[KernelArg<'_>], body: F) -> Result<()>
     where
@@ -584,7 +633,7 @@ impl<'d> Stream<'d> {
     {
         // Every device first: a refused launch records no use (no event) on any buffer.
         for arg in args {
-            self.check_device(arg.owner.device(), "the buffer")?;
+            self.check_access(arg.owner.device(), "a kernel argument")?;
         }
         for arg in args {
             self.note_use(arg.owner)?;

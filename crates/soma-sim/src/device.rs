@@ -18,6 +18,7 @@ use crate::event::SimEvent;
 use crate::faults::{FaultKind, Faults};
 use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
 use crate::model_delay;
+use crate::peer::{Check, Peers};
 use crate::sanitizer::{Sanitizer, SanitizerMode, SanitizerReport};
 use crate::stream::{SimStream, StreamShared};
 use crate::LatencyModel;
@@ -171,11 +172,22 @@ pub(crate) struct DeviceCore {
     calls: Calls,
     streams: Mutex<Vec<Weak<StreamShared>>>,
     pub(crate) live_streams: AtomicUsize,
-    /// The stream-order sanitizer, when on.
+    /// The stream-order sanitizer, when on: the NPU's, shared by all its devices.
     pub(crate) sanitizer: Option<Arc<Sanitizer>>,
     sanitizer_mode: SanitizerMode,
     /// The graph captures begun on the device's streams and not ended.
     pub(crate) captures: Captures,
+    /// The NPU's devices and who may access whose memory.
+    pub(crate) peers: Arc<Peers>,
+}
+
+/// What the devices of one NPU share.
+pub(crate) struct Shared {
+    /// The stream-order sanitizer, when on.
+    pub(crate) sanitizer: Option<Arc<Sanitizer>>,
+    pub(crate) sanitizer_mode: SanitizerMode,
+    /// The device table and the peer access matrix.
+    pub(crate) peers: Arc<Peers>,
 }
 
 impl DeviceCore {
@@ -225,7 +237,7 @@ impl SimDevice {
         info: DeviceInfo,
         address_space: u64,
         latency: LatencyModel,
-        sanitizer: crate::SanitizerConfig,
+        shared: Shared,
     ) -> DriverResult<Self> {
         let memory = DeviceMemory::new(address_space, info.granularity)?;
         let mut state = State { next_handle: 1, ..State::default() };
@@ -240,16 +252,10 @@ impl SimDevice {
                 calls: Calls::default(),
                 streams: Mutex::new(Vec::new()),
                 live_streams: AtomicUsize::new(0),
-                sanitizer: sanitizer.mode.is_on().then(|| {
-                    Arc::new(Sanitizer::new(
-                        sanitizer.mode,
-                        sanitizer.strict,
-                        sanitizer.poison,
-                        sanitizer.print,
-                    ))
-                }),
-                sanitizer_mode: sanitizer.mode,
+                sanitizer: shared.sanitizer,
+                sanitizer_mode: shared.sanitizer_mode,
                 captures: Captures::default(),
+                peers: shared.peers,
             }),
         })
     }
@@ -259,7 +265,9 @@ impl SimDevice {
         self.core.sanitizer_mode
     }
 
-    /// Every report of the stream-order sanitizer so far (empty when it is off).
+    /// Every report of the stream-order sanitizer so far (empty when it is off). The
+    /// sanitizer is the NPU's, shared by its devices (a task of one device may use a peer's
+    /// memory): every device answers with the reports of all of them.
     pub fn sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.reports())
     }
@@ -690,10 +698,16 @@ impl DeviceHal for SimDevice {
         if let Some(san) = &self.core.sanitizer {
             san.check_host("copy_sync", &ranges).map_err(DriverError::InvalidValue)?;
         }
-        self.core.memory.check_mapped(&ranges)?;
-        model_delay(self.core.latency().copy_time(len));
-        let mut acc =
-            self.core.memory.acquire(Owner::Host("copy_sync"), &ranges, false).map_err(host_err)?;
+        self.core.check_mapped_anywhere(&ranges)?;
+        let placement = self.core.place(&ranges, Check::Access)?;
+        let lat = self.core.latency();
+        let across = ranges.len() == 2 && placement.as_ref().is_some_and(|p| p.across(0, 1));
+        model_delay(if across { lat.peer_copy_time(len) } else { lat.copy_time(len) });
+        let owner = Owner::Host("copy_sync");
+        let mut acc = self
+            .core
+            .acquire_placed(placement.as_ref(), owner, &ranges, false)
+            .map_err(host_err)?;
         acc.copy(&d, &s, len)
     }
 
@@ -704,9 +718,27 @@ impl DeviceHal for SimDevice {
         if let Some(san) = &self.core.sanitizer {
             san.check_host("memset_sync", &[r]).map_err(DriverError::InvalidValue)?;
         }
+        let placement = self.core.place(&[r], Check::Access)?;
+        let owner = Owner::Host("memset_sync");
         let mut acc =
-            self.core.memory.acquire(Owner::Host("memset_sync"), &[r], false).map_err(host_err)?;
+            self.core.acquire_placed(placement.as_ref(), owner, &[r], false).map_err(host_err)?;
         acc.fill(dst.addr(), value, len)
+    }
+
+    fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {
+        self.peer_can_access(peer)
+    }
+
+    fn enable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_enable(peer)
+    }
+
+    fn disable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_disable(peer)
+    }
+
+    fn peer_access_enabled(&self, peer: &dyn DeviceHal) -> bool {
+        self.peer_enabled(peer)
     }
 
     fn wants_annotations(&self) -> bool {

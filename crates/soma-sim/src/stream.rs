@@ -17,8 +17,9 @@ use crate::capture::{self, CapEnd, Op, StreamCapture};
 use crate::device::DeviceCore;
 use crate::event::{downcast_event, RecordState};
 use crate::graph::{GraphBody, SimGraph};
-use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range};
+use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range, SpanningAccess};
 use crate::model_delay;
+use crate::peer::{Check, Placement};
 use crate::sanitizer::{Sanitizer, Stamp};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
@@ -388,8 +389,10 @@ impl SimStream {
         Ok(Some(pos))
     }
 
+    /// Checks that every range is mapped device memory of this device, or of a peer it has
+    /// access to.
     fn check_mapped(&self, ranges: &[Range]) -> DriverResult<()> {
-        self.core.memory.check_mapped(ranges)
+        self.core.check_mapped_anywhere(ranges)
     }
 
     /// Checks a kernel's buffers: no overflow, no write overlapping another buffer, mapped.
@@ -502,6 +505,17 @@ fn sanitize(
     }
 }
 
+/// Registers a task's ranges in flight in the memories `placement` found for them.
+fn acquire_placed<'m>(
+    core: &'m DeviceCore,
+    placement: Option<&'m Placement>,
+    owner: Owner,
+    ranges: &[Range],
+    exclusive_writes: bool,
+) -> Result<SpanningAccess<'m>, String> {
+    core.acquire_placed(placement, owner, ranges, exclusive_writes).map_err(|e| e.message())
+}
+
 /// Runs task `pos` of `s`; `charge_launch`: whether it pays the latency model's launch cost
 /// (a task of a graph launch does not: the launch paid it once).
 pub(crate) fn execute_task(
@@ -529,7 +543,8 @@ pub(crate) fn execute_task(
                 .map(|b| Range { addr: b.ptr.addr(), len: b.len, mode: b.mode })
                 .collect();
             sanitize(s, pos, stamp, k.name, &ranges)?;
-            let acc = core.memory.acquire(owner, &ranges, true).map_err(|e| e.message())?;
+            let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
+            let acc = acquire_placed(core, placement.as_ref(), owner, &ranges, true)?;
             let body = k.body;
             body(&acc).map_err(|e| e.0)
         }
@@ -543,15 +558,19 @@ pub(crate) fn execute_task(
                 ranges.push(Range { addr: a, len, mode: AccessMode::Read });
             }
             sanitize(s, pos, stamp, name, &ranges)?;
-            let mut acc = core.memory.acquire(owner, &ranges, false).map_err(|e| e.message())?;
-            model_delay(lat.copy_time(len));
+            let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
+            let mut acc = acquire_placed(core, placement.as_ref(), owner, &ranges, false)?;
+            // Between two devices the copy crosses the link between them.
+            let across = ranges.len() == 2 && placement.as_ref().is_some_and(|p| p.across(0, 1));
+            model_delay(if across { lat.peer_copy_time(len) } else { lat.copy_time(len) });
             acc.copy(&dst, &src, len).map_err(|e| e.to_string())
         }
         TaskKind::Memset { dst, value, len } => {
             model_delay(launch);
             let r = Range { addr: dst, len, mode: AccessMode::Write };
             sanitize(s, pos, stamp, "memset", &[r])?;
-            let mut acc = core.memory.acquire(owner, &[r], false).map_err(|e| e.message())?;
+            let placement = core.place(&[r], Check::Owners).map_err(|e| e.to_string())?;
+            let mut acc = acquire_placed(core, placement.as_ref(), owner, &[r], false)?;
             acc.fill(dst, value, len).map_err(|e| e.to_string())
         }
         TaskKind::Record(r) => {

@@ -123,6 +123,14 @@ ACL_FUNC_VISIBILITY aclError aclrtGetDevice(int32_t *deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCount(uint32_t *count);
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDevice(void);
 
+/* Peer access between devices, per ordered pair: enabling it from the current device to
+ * peerDeviceId lets the current device's streams use peerDeviceId's memory (copies between
+ * the two devices with aclrtMemcpy / aclrtMemcpyAsync, kernels). flags must be 0. */
+ACL_FUNC_VISIBILITY aclError aclrtDeviceCanAccessPeer(int32_t *canAccessPeer, int32_t deviceId,
+                                                      int32_t peerDeviceId);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceDisablePeerAccess(int32_t peerDeviceId);
+
 /* Contexts. */
 ACL_FUNC_VISIBILITY aclError aclrtCreateContext(aclrtContext *context, int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtDestroyContext(aclrtContext context);

@@ -7,7 +7,7 @@ use std::panic::Location;
 use super::backing::AllocError;
 use super::core::{HistoryEntry, PoolCore, PoolInner};
 use super::free::wait_for_uses;
-use super::handle::Origin;
+use super::handle::{Origin, StreamUse};
 use super::oom::{retry_after_oom, Outcome};
 use super::order::Order;
 use super::policy::OomAction;
@@ -208,5 +208,5 @@ pub(super) fn insert_dependency(tag: FreeTag, stream: &Stream<'_>) -> Result<()>
     // An event recorded on the freeing stream now (after the free), waited on by `stream`:
     // exactly what ordering after a recorded use does. A dropped stream has drained, so its
     // free is complete and nothing is inserted.
-    wait_for_uses(stream, &[(tag.stream, tag.pos)])
+    wait_for_uses(stream, &[StreamUse::Local(tag.stream, tag.pos)])
 }

@@ -6,7 +6,7 @@ use std::panic::Location;
 
 use super::core::{HistoryEntry, PoolCore};
 use super::free_ring::RingedFree;
-use super::handle::StreamUse;
+use super::handle::{PeerUse, StreamUse};
 use crate::engine::{BlockId, BlockState, FreeError, FreeTag};
 use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, PoolAnnotation};
@@ -140,7 +140,14 @@ pub(super) fn wait_for_uses(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<(
 #[inline(never)]
 fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
     let device = &stream.device().shared;
-    for &(user, at) in uses {
+    for used in uses {
+        let (user, at) = match used {
+            StreamUse::Local(user, at) => (*user, *at),
+            StreamUse::Peer(peer) => {
+                wait_for_peer_use(stream, peer)?;
+                continue;
+            }
+        };
         if user == stream.slot() {
             continue;
         }
@@ -157,6 +164,18 @@ fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes `stream` wait for everything enqueued so far on a peer device's stream that used
+/// the block (an event of that device, recorded on it). The freeing stream's clock learns
+/// nothing: its entries name slots of its own device.
+fn wait_for_peer_use(stream: &Stream<'_>, peer: &PeerUse) -> Result<()> {
+    // A stream that was dropped has drained: nothing to wait for.
+    let Some(user) = peer.stream.upgrade() else { return Ok(()) };
+    crate::graph::refuse_capturing(&*user, "ordering a pool free after a peer device's use")?;
+    let event = peer.device.hal().create_event()?;
+    user.record(&*event)?;
+    stream.wait_raw(&*event)
 }
 
 /// The error of an engine free that failed (an unknown or already free block).

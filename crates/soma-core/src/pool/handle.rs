@@ -20,11 +20,36 @@ use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
 
-/// A use of an allocation on another stream: the stream's slot and its global position when
-/// the use was recorded. The position tells the stream apart from a later one in the same slot
-/// (positions of a slot never repeat): a stream that was dropped has drained, and the free
-/// must not wait on whatever stream holds its slot now.
-pub(crate) type StreamUse = (StreamSlot, u64);
+/// A use of an allocation on another stream than its own.
+#[derive(Clone)]
+pub(crate) enum StreamUse {
+    /// A stream of the allocation's device: its slot and its global position when the use
+    /// was recorded. The position tells the stream apart from a later one in the same slot
+    /// (positions of a slot never repeat): a stream that was dropped has drained, and the
+    /// free must not wait on whatever stream holds its slot now.
+    Local(StreamSlot, u64),
+    /// A stream of a peer device (peer access). Slots and positions are per device, so the
+    /// stream itself is named: held weakly, since a stream that was dropped has drained.
+    Peer(PeerUse),
+}
+
+/// A stream of a peer device that used an allocation, and that device (whose backend makes
+/// the event the free waits on).
+#[derive(Clone)]
+pub(crate) struct PeerUse {
+    pub(crate) device: crate::device::Device,
+    pub(crate) stream: std::sync::Weak<dyn crate::hal::StreamHal>,
+}
+
+impl StreamUse {
+    /// The slot of a use on a stream of the allocation's device.
+    fn local_slot(&self) -> Option<StreamSlot> {
+        match self {
+            StreamUse::Local(slot, _) => Some(*slot),
+            StreamUse::Peer(_) => None,
+        }
+    }
+}
 
 /// How a handle holds its pool: a borrow (`PoolAlloc`) or a counted reference (`OwnedAlloc`).
 pub(crate) trait PoolHolder {
@@ -197,11 +222,11 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
         to.wait_event(&event)
     }
 
-    /// The use list without the uses of the stream in `slot`, which takes the allocation
-    /// over (its own work is ordered by stream order).
+    /// The use list without the uses of the stream in `slot` (of the allocation's device),
+    /// which takes the allocation over (its own work is ordered by stream order).
     pub(crate) fn uses_without(&self, slot: StreamSlot) -> OtherUses {
         let mut uses = self.uses.take();
-        uses.retain(|u| u.0 != slot);
+        uses.retain(|u| u.local_slot() != Some(slot));
         OtherUses::from_list(uses)
     }
 
@@ -251,27 +276,51 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
     /// [`BufferOwner::record_use`](crate::BufferOwner::record_use)).
     pub(crate) fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
         let own = self.stream.stream();
+        let device = self.pool.pool().device();
         // Before anything is enqueued: a refused call leaves both streams untouched.
-        stream.check_device(self.pool.pool().device(), "the allocation")?;
+        stream.check_access(device, "the allocation")?;
+        if !stream.device().same_as(device) {
+            return self.record_peer_use(stream);
+        }
         if stream.slot() == own.slot() {
             return Ok(());
         }
         let mut uses = self.uses.list().lock();
-        let known = uses.iter().position(|u| u.0 == stream.slot());
+        let known = uses.iter().position(|u| u.local_slot() == Some(stream.slot()));
         // Recorded by this stream, or by a dropped one whose slot it took (an older position).
-        if known.is_some_and(|i| uses[i].1 >= stream.base()) {
-            return Ok(());
+        if let Some(i) = known {
+            if matches!(uses[i], StreamUse::Local(_, at) if at >= stream.base()) {
+                return Ok(());
+            }
         }
         // First use on this stream: order it after the allocation point. The block may have
         // been reused on the allocation's stream while its previous owner's work is still
         // queued there; only stream order makes it this allocation's memory.
         let event = own.record_event()?;
         stream.wait_event(&event)?;
-        let now = (stream.slot(), stream.position());
+        let now = StreamUse::Local(stream.slot(), stream.position());
         match known {
             Some(i) => uses[i] = now,
             None => uses.push(now),
         }
+        Ok(())
+    }
+
+    /// [`record_use`](Self::record_use) by a stream of a peer device: the stream waits for the
+    /// allocation point (an event of this device), and the free will wait for the stream.
+    #[cold]
+    fn record_peer_use(&self, stream: &Stream<'_>) -> Result<()> {
+        let mut uses = self.uses.list().lock();
+        let hal = std::sync::Arc::downgrade(stream.hal());
+        if uses.iter().any(|u| matches!(u, StreamUse::Peer(p) if p.stream.ptr_eq(&hal))) {
+            return Ok(());
+        }
+        let event = self.stream.stream().record_event()?;
+        stream.wait_event(&event)?;
+        uses.push(StreamUse::Peer(PeerUse {
+            device: stream.device().without_owner(),
+            stream: hal,
+        }));
         Ok(())
     }
 
@@ -421,12 +470,14 @@ mod tests {
         let uses = OtherUses::default();
         assert!(uses.0.get().is_none() && uses.drain().is_none());
         assert!(uses.snapshot().is_empty());
-        uses.list().lock().push((3, 7));
-        assert_eq!(uses.snapshot().as_slice(), &[(3, 7)]);
-        assert_eq!(uses.take().as_slice(), &[(3, 7)]);
+        let slots =
+            |l: SmallVec<[StreamUse; 2]>| -> Vec<_> { l.iter().map(|u| u.local_slot()).collect() };
+        uses.list().lock().push(StreamUse::Local(3, 7));
+        assert_eq!(slots(uses.snapshot()), [Some(3)]);
+        assert_eq!(slots(uses.take()), [Some(3)]);
         assert!(uses.take().is_empty() && uses.drain().is_some_and(|l| l.is_empty()));
-        let moved = OtherUses::from_list(SmallVec::from_slice(&[(1, 0)]));
-        assert_eq!(moved.snapshot().as_slice(), &[(1, 0)]);
+        let moved = OtherUses::from_list(SmallVec::from_elem(StreamUse::Local(1, 0), 1));
+        assert_eq!(slots(moved.snapshot()), [Some(1)]);
         assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());
     }
 }

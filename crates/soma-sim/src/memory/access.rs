@@ -95,7 +95,7 @@ pub(crate) enum End {
 }
 
 impl Access<'_> {
-    fn covered(&self, addr: u64, len: u64, write: bool) -> bool {
+    pub(super) fn covered(&self, addr: u64, len: u64, write: bool) -> bool {
         let Some(end) = addr.checked_add(len) else { return false };
         self.ranges
             .iter()
@@ -128,6 +128,37 @@ impl Access<'_> {
         Ok(())
     }
 
+    /// Copies `len` bytes from device address `src`, in a range of `from`, to device address
+    /// `dst`, in a write range of `self`: a copy between two memories (peer access).
+    pub fn copy_from(
+        &mut self,
+        dst: u64,
+        from: &mut Access<'_>,
+        src: u64,
+        len: u64,
+    ) -> DriverResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if std::ptr::eq(self.mem, from.mem) {
+            return Err(DriverError::InvalidValue("a copy between two memories: same one".into()));
+        }
+        if !self.covered(dst, len, true) {
+            return Err(not_held(dst, len));
+        }
+        if !from.covered(src, len, false) {
+            return Err(not_held(src, len));
+        }
+        let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
+        // SAFETY: `dst` is inside a write range of this Access and `src` inside a range of
+        // `from` (both mapped READ|WRITE and registered in flight, so no other thread writes
+        // either or reads the destination); `&mut` on both means no slice handed out by
+        // either is alive. The two Accesses are of two memories, two distinct arenas: the
+        // ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(from.mem.ptr(src), self.mem.ptr(dst), n) };
+        Ok(())
+    }
+
     /// Sets `len` bytes at device address `addr` to `value`.
     pub fn fill(&mut self, addr: u64, value: u8, len: u64) -> DriverResult<()> {
         if len == 0 {
@@ -143,7 +174,7 @@ impl Access<'_> {
     }
 }
 
-fn not_held(addr: u64, len: u64) -> DriverError {
+pub(super) fn not_held(addr: u64, len: u64) -> DriverError {
     DriverError::InvalidAddress {
         addr,
         len,

@@ -18,6 +18,9 @@
 //!    arena outside the mapped set) or aside (a private mapping of their own). Only this
 //!    module's `map_parked` / `evict` copy them, under the lock, while no slice or `Access`
 //!    can refer to them (they are not mapped).
+//!
+//! A request whose ranges lie in several devices' memories (peer access) holds one `Access`
+//! per memory ([`SpanningAccess`]); the arenas of two devices never overlap.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -206,6 +209,12 @@ impl DeviceMemory {
 
     fn in_arena(&self, addr: u64, len: u64) -> bool {
         addr >= self.start && addr.checked_add(len).is_some_and(|e| e <= self.start + self.len)
+    }
+
+    /// Whether `[addr, addr + len)` lies in this device's address space (mapped or not):
+    /// device addresses of different devices never overlap.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        self.in_arena(addr, len)
     }
 
     /// Makes `[addr, addr + len)` readable and writable. The range must be inside the arena,
@@ -483,6 +492,7 @@ impl Drop for DeviceMemory {
 mod access;
 mod host;
 mod parked;
+mod spanning;
 #[cfg(test)]
 mod tests;
 
@@ -490,3 +500,4 @@ pub(crate) use access::{check_no_self_overlap, Access, End, HostSpan};
 use access::{invalid, mode_verb, Borrow};
 pub(crate) use host::{alloc_host, free_host, page_size};
 use parked::{copy_resident, ParkedPages, Region};
+pub(crate) use spanning::SpanningAccess;

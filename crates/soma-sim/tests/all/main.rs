@@ -4,6 +4,7 @@ mod capture;
 mod events;
 mod faults;
 mod memory;
+mod peer;
 mod props;
 mod races;
 mod streams;

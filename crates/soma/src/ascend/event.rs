@@ -53,6 +53,12 @@ impl AscendEvent {
         Arc::ptr_eq(&self.dev, dev)
     }
 
+    /// Whether `self` is an event of the runtime library `dev` is driven through (any of its
+    /// devices).
+    pub(crate) fn same_runtime(&self, dev: &Arc<DeviceInner>) -> bool {
+        Arc::ptr_eq(&self.dev.acl, &dev.acl)
+    }
+
     /// Enqueues `aclrtRecordEvent(self, stream)`; returns its position (a captured record
     /// has none: the stream's enqueued count, and the event remembers a record of no stream,
     /// whose completion says nothing about any stream's positions).
@@ -89,7 +95,8 @@ impl AscendEvent {
             stream.drain()?;
         }
         let slot = stream.enqueue_wait(|s, _| {
-            // SAFETY: both handles are live (owned by live objects) and of this device.
+            // SAFETY: both handles are live (owned by live objects) and of one runtime
+            // library; a stream may wait on an event of another device.
             unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }.map_err(map_call_err)
         })?;
         // Once `stream` is past the wait, the record has completed on its stream (a captured

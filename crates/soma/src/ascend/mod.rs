@@ -49,6 +49,11 @@
 //!   `malloc`'d or allocated from a [`NativePool`] through this backend
 //!   ([`DriverError::InvalidAddress`](soma_core::hal::DriverError::InvalidAddress) otherwise);
 //!   `unmap` and `free` fail while an enqueued copy or memset on the range has not completed.
+//! * **Peer access** (`aclrtDeviceEnablePeerAccess`, made with the device current) is
+//!   tracked per device: after it, ranges of the peer's memory are valid in the device's
+//!   copies and memsets (checked against the peer's bookkeeping, under its memory lock; the
+//!   use is in the peer's in-flight table, so the peer's `unmap` and `free` wait for it), and a
+//!   stream may wait on events of any device of the same library.
 //! * **Host functions** run on a runtime thread; a panic is caught and becomes the stream's
 //!   sticky [`TaskFailed`](soma_core::hal::DriverError::TaskFailed) error (returned by every
 //!   later synchronize / query). CANN does not skip the stream's later tasks after it. A host
@@ -83,6 +88,8 @@ mod conv;
 mod device;
 mod event;
 mod native_pool;
+mod peer;
+mod ranges;
 mod raw;
 mod stream;
 mod waits;

@@ -126,6 +126,29 @@ pub(crate) mod device {
         check(acl, "aclrtSynchronizeDevice", unsafe { f() })
     }
 
+    /// `aclrtDeviceCanAccessPeer(device, peer)`: whether `device` can access `peer`'s memory.
+    pub(crate) fn can_access_peer(acl: &Acl, device: i32, peer: i32) -> CallResult<bool> {
+        let f = sym!(acl, aclrtDeviceCanAccessPeer)?;
+        let mut can = 0i32;
+        // SAFETY: `can` is a valid out-pointer.
+        check(acl, "aclrtDeviceCanAccessPeer", unsafe { f(&mut can, device, peer) })?;
+        Ok(can != 0)
+    }
+
+    /// `aclrtDeviceEnablePeerAccess(peer, 0)` from the current device.
+    pub(crate) fn enable_peer_access(acl: &Acl, peer: i32) -> CallResult<()> {
+        let f = sym!(acl, aclrtDeviceEnablePeerAccess)?;
+        // SAFETY: no pointers.
+        check(acl, "aclrtDeviceEnablePeerAccess", unsafe { f(peer, 0) })
+    }
+
+    /// `aclrtDeviceDisablePeerAccess(peer)` from the current device.
+    pub(crate) fn disable_peer_access(acl: &Acl, peer: i32) -> CallResult<()> {
+        let f = sym!(acl, aclrtDeviceDisablePeerAccess)?;
+        // SAFETY: no pointers.
+        check(acl, "aclrtDeviceDisablePeerAccess", unsafe { f(peer) })
+    }
+
     /// `aclrtGetMemInfo(attr)` of the current device: `(free, total)`.
     pub(crate) fn mem_info(acl: &Acl, attr: aclrtMemAttr) -> CallResult<(usize, usize)> {
         let f = sym!(acl, aclrtGetMemInfo)?;

@@ -359,19 +359,35 @@ impl AscendStream {
         Arc::ptr_eq(&self.shared.dev, dev)
     }
 
+    /// An event of this device, to record.
     fn event<'a>(&self, event: &'a dyn EventHal) -> DriverResult<&'a AscendEvent> {
-        let e = event.as_any().downcast_ref::<AscendEvent>().ok_or_else(|| {
-            DriverError::InvalidHandle("the event is not an event of the ascend backend".into())
-        })?;
+        let e = Self::ascend_event(event)?;
         if !e.same_device(&self.shared.dev) {
             return Err(DriverError::InvalidHandle("the event belongs to another device".into()));
         }
         Ok(e)
     }
 
+    /// An event of any device of this runtime, to wait on (the order holds across devices).
+    fn event_to_wait<'a>(&self, event: &'a dyn EventHal) -> DriverResult<&'a AscendEvent> {
+        let e = Self::ascend_event(event)?;
+        if !e.same_runtime(&self.shared.dev) {
+            return Err(DriverError::InvalidHandle(
+                "the event belongs to another runtime library".into(),
+            ));
+        }
+        Ok(e)
+    }
+
+    fn ascend_event(event: &dyn EventHal) -> DriverResult<&AscendEvent> {
+        event.as_any().downcast_ref::<AscendEvent>().ok_or_else(|| {
+            DriverError::InvalidHandle("the event is not an event of the ascend backend".into())
+        })
+    }
+
     fn copy(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
         let s = &self.shared;
-        s.dev.with_valid(&[(dst, len), (src, len)], || {
+        s.dev.with_valid(&[(dst, len), (src, len)], |owners| {
             if len == 0 {
                 return Ok(());
             }
@@ -387,8 +403,8 @@ impl AscendStream {
             })?;
             // A captured copy uses the memory at the graph's launches, not now.
             if let Slot::Position(position) = position {
-                s.dev.note_use(s, position, dst, len);
-                s.dev.note_use(s, position, src, len);
+                owners.note_use(0, s, position, dst, len);
+                owners.note_use(1, s, position, src, len);
             }
             Ok(())
         })
@@ -499,7 +515,7 @@ impl StreamHal for AscendStream {
     fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         let s = &self.shared;
         let r = MemRef::Device(dst);
-        s.dev.with_valid(&[(r, len)], || {
+        s.dev.with_valid(&[(r, len)], |owners| {
             if len == 0 {
                 return Ok(());
             }
@@ -513,7 +529,7 @@ impl StreamHal for AscendStream {
                 .map_err(map_call_err)
             })?;
             if let Slot::Position(position) = position {
-                s.dev.note_use(s, position, r, len);
+                owners.note_use(0, s, position, r, len);
             }
             Ok(())
         })
@@ -525,7 +541,7 @@ impl StreamHal for AscendStream {
     }
 
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()> {
-        let e = self.event(event)?;
+        let e = self.event_to_wait(event)?;
         e.wait_on(&self.shared)
     }
 

@@ -117,6 +117,19 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
 }
 void mock_run_all(void);
 aclError aclrtSynchronizeDevice(void) { mock_run_all(); return ACL_SUCCESS; }
+/* One device: it has no peer. */
+aclError aclrtDeviceCanAccessPeer(int32_t *can, int32_t id, int32_t peer) {
+    (void)can; (void)id; (void)peer;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
+aclError aclrtDeviceEnablePeerAccess(int32_t peer, uint32_t flags) {
+    (void)peer; (void)flags;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
+aclError aclrtDeviceDisablePeerAccess(int32_t peer) {
+    (void)peer;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
 aclError aclrtCreateContext(aclrtContext *c, int32_t id) { (void)id; *c = &default_stream; return ACL_SUCCESS; }
 aclError aclrtDestroyContext(aclrtContext c) { (void)c; return ACL_SUCCESS; }
 aclError aclrtSetCurrentContext(aclrtContext c) { (void)c; return ACL_SUCCESS; }

@@ -17,7 +17,8 @@ use soma_core::hal::{
 };
 
 use super::conv::{is_unsupported, map_alloc_err, map_call_err};
-use super::device::{copy_args, MemState};
+use super::device::copy_args;
+use super::ranges::MemState;
 use super::raw::CallError;
 use super::*;
 
