@@ -1,6 +1,7 @@
 //! Integration tests of the workspace, as one binary (a module per topic): the pool end to end
 //! on the software NPU, and the `ascend` backend over soma-capi loaded as `libascendcl.so`.
 
+mod alignment;
 mod ascend_backend;
 mod bad_input;
 mod common;

@@ -31,8 +31,11 @@ pub(crate) struct Granted {
 
 /// One allocation request as it goes through a core.
 pub(super) struct Request<'r> {
-    /// Bytes asked for (the block is rounded to the pool's alignment).
+    /// Bytes asked for (the block is rounded to `align`).
     pub(super) bytes: u64,
+    /// The block's alignment: the pool's, or more for `alloc_aligned_async` (0 means the
+    /// pool's).
+    pub(super) align: u64,
     pub(super) stream: &'r Stream<'r>,
     /// The caller's source location, for the history.
     pub(super) location: Option<&'static Location<'static>>,
@@ -95,7 +98,7 @@ impl PoolCore {
             if let Some(e) = self.take_sticky(&mut inner) {
                 return Err(e);
             }
-            self.alloc_locked(&mut inner, req.bytes, req.stream, &order)
+            self.alloc_locked(&mut inner, req, &order)
         };
         let allocation = match first {
             // The common case reads the engine's answer where it landed: no moves of it.
@@ -120,7 +123,7 @@ impl PoolCore {
         req: &Request<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
-        self.alloc_locked(&mut self.lock(), req.bytes, req.stream, order)
+        self.alloc_locked(&mut self.lock(), req, order)
     }
 
     /// One engine allocation under the lock `inner`. Out of line: inlined into the public
@@ -130,12 +133,12 @@ impl PoolCore {
     fn alloc_locked(
         &self,
         inner: &mut PoolInner,
-        bytes: u64,
-        stream: &Stream<'_>,
+        req: &Request<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
         let (engine, mut backing) = inner.parts(self);
-        engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
+        let align = self.alignment.max(req.align);
+        engine.alloc(req.bytes, align, req.stream.slot(), order, &mut backing)
     }
 
     pub(super) fn granted(&self, a: &Allocation) -> Granted {

@@ -221,6 +221,83 @@ impl<'d> MemPool<'d> {
         self.allocate_typed(bytes, stream, location, &mut on_oom, handle)
     }
 
+    /// Allocates `len` elements of `T` for use on `stream` in a block whose first byte and
+    /// length are multiples of `align`: a power of two from the pool's
+    /// [`alignment`](Self::alignment) up to the device granularity (2 MiB on Ascend, what
+    /// HCCL wants of the memory it registers). The rest of the block beyond `len` elements
+    /// (up to the next multiple of `align`) belongs to the allocation; no other allocation is
+    /// carved from it. Requests that do not ask for more than the pool's alignment are
+    /// served exactly as by [`alloc_async`](Self::alloc_async).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let _small = pool.alloc_async::<u8>(1000, &s)?;
+    /// let comm = pool.alloc_aligned_async::<f32>(1000, 2 << 20, &s)?;
+    /// assert_eq!(comm.device_ptr().addr() % (2 << 20), 0);
+    /// assert!(pool.alloc_aligned_async::<u8>(1, 3000, &s).is_err()); // not a power of two
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`alloc_async`](Self::alloc_async); [`Error::InvalidArgument`] for an alignment
+    /// that is not a power of two between the pool's alignment and the granularity, or on a
+    /// native pool (CANN's pool takes no alignment).
+    #[track_caller]
+    pub fn alloc_aligned_async<'s, T: bytemuck::Pod + Send + Sync>(
+        &'s self,
+        len: usize,
+        align: u64,
+        stream: &'s Stream<'d>,
+    ) -> Result<PoolAlloc<'s, T>> {
+        stream.check_device(&self.device, "the pool")?;
+        let bytes = bytes_for::<T>(len)?;
+        let handle = |g| PoolAlloc::new(self, stream, g, len);
+        self.allocate_aligned(bytes, align, stream, Location::caller(), handle)
+    }
+
+    /// Allocates with alignment `align` (checked) for a typed handle made by `handle`: never
+    /// from the free ring, whose blocks are sized for the pool's alignment.
+    pub(super) fn allocate_aligned<H>(
+        &self,
+        bytes: u64,
+        align: u64,
+        stream: &Stream<'_>,
+        location: &'static Location<'static>,
+        handle: impl Fn(Granted) -> H,
+    ) -> Result<H> {
+        stream.refuse_in_capture("a pool allocation")?;
+        let granularity = self.device.info().granularity;
+        if !align.is_power_of_two() || align < self.alignment() || align > granularity {
+            return Err(Error::InvalidArgument(format!(
+                "alignment {align} is not a power of two from the pool's alignment {} to the \
+                 granularity {granularity}",
+                self.alignment()
+            )));
+        }
+        let fail = &mut |_: &OutOfMemory| OomAction::Fail;
+        let location = Some(location);
+        let granted = match &self.kind {
+            PoolKind::Engine(core) => {
+                core.allocate(&Request { bytes, align, stream, location, peers: &[] }, fail)?
+            }
+            PoolKind::Sharded(shards) => shards.allocate(bytes, align, stream, location, fail)?,
+            PoolKind::Native(native) if align == native.alignment => {
+                native.allocate(bytes, stream, fail)?
+            }
+            PoolKind::Native(_) => {
+                return Err(Error::InvalidArgument(
+                    "a native (CANN) pool takes no alignment beyond its own".into(),
+                ))
+            }
+        };
+        Ok(handle(granted))
+    }
+
     /// Allocates for a typed handle, which `handle` makes of the block: the free ring's only
     /// free when it fits (see `free_ring.rs`), else from the engine (the stream's shard of a
     /// sharded pool) or the driver's pool.
@@ -244,9 +321,9 @@ impl<'d> MemPool<'d> {
                 if let Some(g) = core.reuse_ringed(bytes, stream) {
                     return Ok(handle(g));
                 }
-                core.allocate(&Request { bytes, stream, location, peers: &[] }, on_oom)?
+                core.allocate(&Request { bytes, align: 0, stream, location, peers: &[] }, on_oom)?
             }
-            PoolKind::Sharded(shards) => shards.allocate(bytes, stream, location, on_oom)?,
+            PoolKind::Sharded(shards) => shards.allocate(bytes, 0, stream, location, on_oom)?,
             PoolKind::Native(native) => native.allocate(bytes, stream, on_oom)?,
         };
         Ok(handle(granted))
@@ -282,10 +359,10 @@ impl<'d> MemPool<'d> {
             return Err(Error::InvalidSize("size 0".into()));
         }
         let fail = &mut |_: &OutOfMemory| OomAction::Fail;
-        let request = Request { bytes, stream, location: None, peers: &[] };
+        let request = Request { bytes, align: 0, stream, location: None, peers: &[] };
         let g = match &self.kind {
             PoolKind::Engine(core) => core.allocate(&request, fail)?,
-            PoolKind::Sharded(shards) => shards.allocate(bytes, stream, None, fail)?,
+            PoolKind::Sharded(shards) => shards.allocate(bytes, 0, stream, None, fail)?,
             PoolKind::Native(native) => native.allocate(bytes, stream, fail)?,
         };
         if let (Some(block), Backend::Engine(cores)) = (g.block, self.backend()) {

@@ -105,6 +105,24 @@ impl OwnedPool {
         self.0.allocate_typed(bytes, stream, Location::caller(), &mut on_oom, handle)
     }
 
+    /// Allocates `len` elements of `T` for use on `stream` at alignment `align` (see
+    /// [`MemPool::alloc_aligned_async`]).
+    ///
+    /// # Errors
+    /// As [`MemPool::alloc_aligned_async`].
+    #[track_caller]
+    pub fn alloc_aligned_async<T: bytemuck::Pod + Send + Sync>(
+        &self,
+        len: usize,
+        align: u64,
+        stream: &OwnedStream,
+    ) -> Result<OwnedAlloc<T>> {
+        stream.check_device(self.device(), "the pool")?;
+        let bytes = bytes_for::<T>(len)?;
+        let handle = |g| OwnedAlloc(Handle::new(self.clone(), stream.clone(), g, len));
+        self.0.allocate_aligned(bytes, align, stream, Location::caller(), handle)
+    }
+
     /// Allocates `len` zeroed elements of `T` for use on `stream` (see
     /// [`MemPool::alloc_zeros`]).
     ///

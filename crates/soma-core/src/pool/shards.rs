@@ -199,6 +199,7 @@ impl Shards {
     pub(super) fn allocate(
         &self,
         bytes: u64,
+        align: u64,
         stream: &Stream<'_>,
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
@@ -207,7 +208,7 @@ impl Shards {
         // Inline for every possible shard count: no heap allocation per allocation.
         let peers: smallvec::SmallVec<[&PoolCore; MAX_STREAM_SHARDS]> =
             self.cores().iter().filter(|c| !std::ptr::eq(*c, home)).collect();
-        home.allocate(&Request { bytes, stream, location, peers: &peers }, on_oom)
+        home.allocate(&Request { bytes, align, stream, location, peers: &peers }, on_oom)
     }
 
     /// The shards created so far.
@@ -302,7 +303,7 @@ impl PoolCore {
                     }
                     inner.engine.alloc_cached(
                         req.bytes,
-                        core.alignment,
+                        core.alignment.max(req.align),
                         req.stream.slot(),
                         order,
                         with_dependency,
