@@ -151,8 +151,9 @@ impl<T> PoolAlloc<'_, T> {
     /// dropped, and its use list, moved out (nothing else in the handle owns heap memory, and
     /// its pool and stream are borrows, so nothing leaks).
     fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamUse; 2]>) {
-        let this = ManuallyDrop::new(self);
-        let uses = this.0.uses.take();
+        let mut this = ManuallyDrop::new(self);
+        // Moved out, so that the list's box is dropped here (the handle's fields are not).
+        let uses = std::mem::take(&mut this.0.uses).take();
         (this, uses)
     }
 
