@@ -441,7 +441,9 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// Imports memory another process exported (`aclrtMemImportFromShareableHandle`) as a
     /// physical handle of this device, to be mapped and freed as any other. Import and export
     /// only work across processes, and a process holds at most one handle per shareable
-    /// handle at a time.
+    /// handle at a time. `size` is the exported allocation's size as the exporter tells it (a
+    /// backend that can check it does); 0 asks the backend to find it out, which not every
+    /// backend can (the software NPU can, CANN's runtime cannot).
     ///
     /// # Safety
     /// The memory is shared with the exporting process (and any other importer), which
@@ -453,11 +455,16 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// # Errors
     /// [`DriverError::InvalidHandle`] for a handle no live process exports (never exported,
     /// freed, or its process exited); [`DriverError::InvalidValue`] for this process's own
-    /// export, a process not on the whitelist, a handle this process already imported, or a
-    /// size that is not a multiple of this device's granularity;
+    /// export, a process not on the whitelist, a handle this process already imported, a
+    /// size other than the exported one, or one that is not a multiple of this device's
+    /// granularity;
     /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
-    unsafe fn import_physical(&self, shareable: ShareableHandle) -> DriverResult<PhysicalHandle> {
-        let _ = shareable;
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        let _ = (shareable, size);
         Err(DriverError::Unsupported(
             "this backend cannot share memory with other processes".into(),
         ))

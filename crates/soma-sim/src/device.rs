@@ -493,8 +493,12 @@ impl DeviceHal for SimDevice {
         crate::ipc::allow(shareable, pids)
     }
 
-    unsafe fn import_physical(&self, shareable: ShareableHandle) -> DriverResult<PhysicalHandle> {
-        self.physical_import(shareable)
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        self.physical_import(shareable, size)
     }
 
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {

@@ -67,12 +67,20 @@ fn importer() {
     let dev = device();
     // SAFETY: the exporting process waits for this process to exit before it touches the
     // memory again.
-    let imported = unsafe { dev.import_physical(handle) };
+    let imported = unsafe { dev.import_physical(handle, 0) };
     match mode.as_str() {
         "share" => {
             let h = imported.unwrap();
+            dev.free_physical(h).unwrap();
             // SAFETY: as above.
-            let again = unsafe { dev.import_physical(handle) };
+            let wrong = unsafe { dev.import_physical(handle, 2 * G) };
+            assert!(
+                matches!(wrong, Err(DriverError::InvalidValue(m)) if m.contains("not 4194304"))
+            );
+            // SAFETY: as above.
+            let h = unsafe { dev.import_physical(handle, G) }.unwrap();
+            // SAFETY: as above.
+            let again = unsafe { dev.import_physical(handle, 0) };
             assert!(
                 matches!(again, Err(DriverError::InvalidValue(m)) if m.contains("already imported"))
             );
@@ -103,7 +111,7 @@ fn two_processes_see_the_same_bytes() {
     let handle = dev.export_physical(h, true).unwrap();
     assert!(dev.export_physical(h, true).is_err(), "one shareable handle per handle");
     // SAFETY: nothing is shared: the import is refused.
-    let own = unsafe { dev.import_physical(handle) };
+    let own = unsafe { dev.import_physical(handle, 0) };
     assert!(matches!(own, Err(DriverError::InvalidValue(m)) if m.contains("across processes")));
     let child = spawn_importer("share");
     dev.allow_shareable_pids(handle, &[child.id() as i32]).unwrap();
@@ -139,6 +147,6 @@ fn a_freed_export_is_refused() {
     // A process that does not exist answers nothing.
     let dev2 = device();
     // SAFETY: nothing is shared: the import is refused.
-    let e = unsafe { dev2.import_physical(ShareableHandle(0x7fff_fff0 << 32 | 1)) };
+    let e = unsafe { dev2.import_physical(ShareableHandle(0x7fff_fff0 << 32 | 1), G) };
     assert!(matches!(e, Err(DriverError::InvalidHandle(m)) if m.contains("does not answer")));
 }

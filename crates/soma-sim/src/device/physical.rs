@@ -34,6 +34,11 @@ fn unknown(handle: PhysicalHandle) -> DriverError {
 }
 
 impl SimDevice {
+    /// The size of physical memory `handle` (allocated here or imported), if it is live.
+    pub fn physical_size(&self, handle: PhysicalHandle) -> Option<u64> {
+        self.core.state.lock().physical.get(&handle.0).map(|p| p.pages.len())
+    }
+
     pub(super) fn physical_alloc(&self, size: u64) -> DriverResult<PhysicalHandle> {
         self.check_vmm()?;
         bump(&self.core.calls.alloc_physical);
@@ -167,10 +172,12 @@ impl SimDevice {
     pub(super) fn physical_import(
         &self,
         shareable: ShareableHandle,
+        size: u64,
     ) -> DriverResult<PhysicalHandle> {
         self.check_vmm()?;
         ipc::claim_import(shareable)?;
-        let pages = match ipc::fetch(shareable).and_then(|p| self.check_imported(&p).map(|()| p)) {
+        let fetched = ipc::fetch(shareable);
+        let pages = match fetched.and_then(|p| self.check_imported(&p, size).map(|()| p)) {
             Ok(pages) => pages,
             Err(e) => {
                 ipc::release_import(shareable);
@@ -187,8 +194,15 @@ impl SimDevice {
         Ok(PhysicalHandle(h))
     }
 
-    /// Imported memory must be mappable here: a whole number of granules.
-    fn check_imported(&self, pages: &SharedPages) -> DriverResult<()> {
+    /// Imported memory must be of the size the caller expects (0: any) and mappable here: a
+    /// whole number of granules.
+    fn check_imported(&self, pages: &SharedPages, size: u64) -> DriverResult<()> {
+        if size != 0 && size != pages.len() {
+            return Err(DriverError::InvalidValue(format!(
+                "the exported memory holds {} bytes, not {size}",
+                pages.len()
+            )));
+        }
         let g = self.core.info.granularity;
         if pages.len() == 0 || pages.len() % g != 0 {
             return Err(DriverError::InvalidValue(format!(
