@@ -155,11 +155,16 @@ fn importer_process() {
             let odd = pool.open::<u64>(&ExportedPointer::clone(&a)).map(drop);
             println!("child: odd {:?}", odd.map_err(|e| kind(&e)));
             let foreign: ExportedPointer =
-                format!("soma-ptr:{}:{}:0:64", a.process_id(), a.pool_id() + 1000).parse().unwrap();
+                format!("soma-ptr:{}:0:{}:0:64", a.process_id(), a.pool_id() + 1000)
+                    .parse()
+                    .unwrap();
             let foreign = pool.open::<u8>(&foreign).map(drop).map_err(|e| kind(&e));
             println!("child: foreign {foreign:?}");
-            let unexported: ExportedPointer =
-                format!("soma-ptr:{}:{}:0:64", a.process_id(), a.pool_id()).parse().unwrap();
+            let unexported: ExportedPointer = a
+                .to_string()
+                .replace(&format!(":{}:{}", a.offset(), a.byte_len()), ":0:64")
+                .parse()
+                .unwrap();
             let unexported = pool.open::<u8>(&unexported).map(drop).map_err(|e| kind(&e));
             println!("child: unexported {unexported:?}");
             assert_eq!(read_line(), "dropped");
@@ -310,12 +315,12 @@ fn pools_that_cannot_be_shared_say_so() {
     }
     // A device of another granularity, and a process that is not there.
     let other = soma::sim::Npu::builder().granularity(4 << 20).build().unwrap();
-    let desc: PoolDescriptor = format!("soma-pool:1:1:{}:{}", 64 * MIB, 2 * MIB).parse().unwrap();
+    let desc: PoolDescriptor = format!("soma-pool:1:0:1:{}:{}", 64 * MIB, 2 * MIB).parse().unwrap();
     // SAFETY: refused: nothing is imported.
     let e = unsafe { MemPool::import(&desc, &other.device(0).unwrap()) }.unwrap_err();
     assert_eq!(kind(&e), IpcErrorKind::InvalidDescriptor);
     let gone: PoolDescriptor =
-        format!("soma-pool:{}:1:{}:{}", 0x7fff_fff0u32, 64 * MIB, 2 * MIB).parse().unwrap();
+        format!("soma-pool:{}:0:1:{}:{}", 0x7fff_fff0u32, 64 * MIB, 2 * MIB).parse().unwrap();
     // SAFETY: refused: nothing is imported.
     let e = unsafe { MemPool::import(&gone, &dev) }.unwrap_err();
     assert_eq!(kind(&e), IpcErrorKind::Unreachable);

@@ -1,9 +1,11 @@
 //! Physical memory shared between processes: the exports of this process, the imports it
 //! holds, and the way a memory file travels from one to the other.
 //!
-//! A [`ShareableHandle`] is `pid << 32 | n`: the exporting process and the number of the
-//! export in it. The exporting process serves its exports on a Unix socket of the abstract
-//! namespace, `soma-sim-ipc-<pid>`, started with its first export: an importer connects,
+//! A [`ShareableHandle`] is `pid << 32 | service << 28 | n`: the exporting process, its
+//! service and the number of the export in it. The exporting process serves its exports on a
+//! Unix socket of the abstract namespace, `soma-sim-ipc-<pid>` (`-<service>` after it when a
+//! copy of this library in the same process took that name first, e.g. the C library loaded
+//! beside a Rust program), started with its first export: an importer connects,
 //! sends the number, and gets the memory file back (`SCM_RIGHTS`), or a refusal — the kernel
 //! tells the exporter who connects (`SO_PEERCRED`), and the exporter checks the whitelist
 //! itself. Nothing else crosses: streams, events and the in-flight table stay per process.
@@ -48,27 +50,33 @@ pub(crate) fn own_pid() -> i32 {
     std::process::id() as i32
 }
 
-/// The process that exported `handle`, and the number of the export there.
-pub(crate) fn split(handle: ShareableHandle) -> (i32, u32) {
-    ((handle.0 >> 32) as i32, handle.0 as u32)
+/// Bits of a shareable handle's low word that number the export (the rest name the service).
+const NUMBER_BITS: u32 = 28;
+
+/// The process that exported `handle`, its service, and the number of the export there.
+pub(crate) fn split(handle: ShareableHandle) -> (i32, u32, u32) {
+    let low = handle.0 as u32;
+    ((handle.0 >> 32) as i32, low >> NUMBER_BITS, low & ((1 << NUMBER_BITS) - 1))
 }
 
 /// Registers an export of `pages` and starts serving it; its shareable handle.
 pub(crate) fn export(pages: Arc<SharedPages>, check_pids: bool) -> DriverResult<ShareableHandle> {
-    service::ensure_serving()?;
+    let service = service::ensure_serving()?;
     let mut guard = EXPORTS.lock();
     let exports = guard.get_or_insert_with(Exports::default);
-    exports.next = exports.next.checked_add(1).ok_or_else(|| {
-        DriverError::InvalidValue("this process ran out of shareable handle numbers".into())
-    })?;
+    exports.next =
+        exports.next.checked_add(1).filter(|&n| n < 1 << NUMBER_BITS).ok_or_else(|| {
+            DriverError::InvalidValue("this process ran out of shareable handle numbers".into())
+        })?;
     let n = exports.next;
     exports.by_number.insert(n, Export { pages, allowed: check_pids.then(HashSet::new) });
-    Ok(ShareableHandle((own_pid() as u64) << 32 | u64::from(n)))
+    let low = service << NUMBER_BITS | n;
+    Ok(ShareableHandle((own_pid() as u64) << 32 | u64::from(low)))
 }
 
 /// Withdraws an export (its memory was freed): later imports fail.
 pub(crate) fn withdraw(handle: ShareableHandle) {
-    let (_, n) = split(handle);
+    let (_, _, n) = split(handle);
     if let Some(exports) = EXPORTS.lock().as_mut() {
         exports.by_number.remove(&n);
     }
@@ -79,12 +87,12 @@ pub(crate) fn allow(handle: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
     if pids.is_empty() {
         return Err(DriverError::InvalidValue("an empty list of process ids".into()));
     }
-    let (pid, n) = split(handle);
+    let (pid, service, n) = split(handle);
     let mut guard = EXPORTS.lock();
     let export = guard
         .as_mut()
         .and_then(|e| e.by_number.get_mut(&n))
-        .filter(|_| pid == own_pid())
+        .filter(|_| pid == own_pid() && service::serves(service))
         .ok_or_else(|| not_exported_here(handle))?;
     if let Some(allowed) = &mut export.allowed {
         allowed.extend(pids.iter().copied());
@@ -122,7 +130,7 @@ fn lookup(n: u32, pid: i32) -> Result<Arc<SharedPages>, Refusal> {
 /// Claims the import of `handle` for this process: one handle per shareable handle. The
 /// claim is given back with [`release_import`].
 pub(crate) fn claim_import(handle: ShareableHandle) -> DriverResult<()> {
-    let (pid, _) = split(handle);
+    let (pid, _, _) = split(handle);
     if pid == own_pid() {
         return Err(DriverError::InvalidValue(format!(
             "shareable handle {:#x} was exported by this process: import and export only work \

@@ -18,27 +18,46 @@ use crate::memory::{peer_pid, recv_with_fd, send_with_fd, SharedPages};
 /// How long either side waits for the other's message before giving up on a connection.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The process whose listener is running (a child made by `fork` has none).
-static SERVING: Mutex<Option<i32>> = Mutex::new(None);
+/// The process whose listener is running (a child made by `fork` has none), and its service
+/// number.
+static SERVING: Mutex<Option<(i32, u32)>> = Mutex::new(None);
 
-fn address(pid: i32) -> std::io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("soma-sim-ipc-{pid}"))
+/// Services one process may run (copies of this library loaded side by side).
+const SERVICES: u32 = 16;
+
+fn address(pid: i32, service: u32) -> std::io::Result<SocketAddr> {
+    match service {
+        0 => SocketAddr::from_abstract_name(format!("soma-sim-ipc-{pid}")),
+        k => SocketAddr::from_abstract_name(format!("soma-sim-ipc-{pid}-{k}")),
+    }
 }
 
-/// Starts this process's listener, unless it runs already.
-pub(super) fn ensure_serving() -> DriverResult<()> {
+/// Whether `service` is this copy's.
+pub(super) fn serves(service: u32) -> bool {
+    *SERVING.lock() == Some((own_pid(), service))
+}
+
+/// Starts this process's listener, unless it runs already; its service number.
+pub(super) fn ensure_serving() -> DriverResult<u32> {
     let mut serving = SERVING.lock();
     let pid = own_pid();
-    if *serving == Some(pid) {
-        return Ok(());
-    }
-    let listener = address(pid).and_then(|a| UnixListener::bind_addr(&a)).map_err(|e| {
-        DriverError::Native {
-            code: -1,
-            message: format!(
-                "cannot serve this process's exports (socket soma-sim-ipc-{pid}): {e}"
-            ),
+    if let Some((p, service)) = *serving {
+        if p == pid {
+            return Ok(service);
         }
+    }
+    // The first name no other copy of this library in the process took.
+    let mut bound = Err(std::io::Error::from(std::io::ErrorKind::AddrInUse));
+    for service in 0..SERVICES {
+        bound =
+            address(pid, service).and_then(|a| UnixListener::bind_addr(&a)).map(|l| (l, service));
+        if bound.is_ok() {
+            break;
+        }
+    }
+    let (listener, service) = bound.map_err(|e| DriverError::Native {
+        code: -1,
+        message: format!("cannot serve this process's exports (socket soma-sim-ipc-{pid}): {e}"),
     })?;
     std::thread::Builder::new()
         .name("soma-sim-ipc".into())
@@ -52,8 +71,8 @@ pub(super) fn ensure_serving() -> DriverResult<()> {
             code: -1,
             message: format!("cannot start the thread serving exports: {e}"),
         })?;
-    *serving = Some(pid);
-    Ok(())
+    *serving = Some((pid, service));
+    Ok(service)
 }
 
 /// Answers one request.
@@ -63,7 +82,7 @@ fn serve(stream: &UnixStream) -> std::io::Result<()> {
     let pid = peer_pid(stream)?;
     let mut request = [0u8; 8];
     (&*stream).read_exact(&mut request)?;
-    let (_, n) = split(ShareableHandle(u64::from_le_bytes(request)));
+    let (_, _, n) = split(ShareableHandle(u64::from_le_bytes(request)));
     match lookup(n, pid) {
         Ok(pages) => send_with_fd(stream, &[0], Some(pages.fd())),
         Err(refusal) => send_with_fd(stream, &[refusal as u8], None),
@@ -72,14 +91,15 @@ fn serve(stream: &UnixStream) -> std::io::Result<()> {
 
 /// Asks the exporting process for the memory of `handle`.
 pub(crate) fn fetch(handle: ShareableHandle) -> DriverResult<SharedPages> {
-    let (pid, _) = split(handle);
+    let (pid, service, _) = split(handle);
     let unreachable = |e: std::io::Error| {
         DriverError::InvalidHandle(format!(
             "shareable handle {:#x}: its exporting process {pid} does not answer (exited?): {e}",
             handle.0
         ))
     };
-    let stream = address(pid).and_then(|a| UnixStream::connect_addr(&a)).map_err(unreachable)?;
+    let stream =
+        address(pid, service).and_then(|a| UnixStream::connect_addr(&a)).map_err(unreachable)?;
     stream.set_read_timeout(Some(TIMEOUT)).map_err(unreachable)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(unreachable)?;
     (&stream).write_all(&handle.0.to_le_bytes()).map_err(unreachable)?;

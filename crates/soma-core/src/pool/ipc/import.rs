@@ -22,8 +22,8 @@ use crate::stream::Stream;
 /// How long an importer waits for the exporting process's answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The pools this process imported, as `(exporting process, pool)`: one import each.
-static IMPORTED: Mutex<Option<HashSet<(u32, u64)>>> = Mutex::new(None);
+/// The pools this process imported, as `(exporting process, service, pool)`: one import each.
+static IMPORTED: Mutex<Option<HashSet<(u32, u32, u64)>>> = Mutex::new(None);
 
 /// A pool of another process, imported with [`MemPool::import`](crate::MemPool::import). It
 /// cannot allocate: [`open`](Self::open) gives typed handles over the exporter's
@@ -101,7 +101,7 @@ impl<'d> ImportedPool<'d> {
                 ),
             ));
         }
-        if !IMPORTED.lock().get_or_insert_with(HashSet::new).insert((d.pid, d.pool)) {
+        if !IMPORTED.lock().get_or_insert_with(HashSet::new).insert((d.pid, d.service, d.pool)) {
             return Err(Error::ipc(
                 IpcErrorKind::AlreadyImported,
                 format!("pool {} of process {} is already imported in this process", d.pool, d.pid),
@@ -135,7 +135,7 @@ impl<'d> ImportedPool<'d> {
                 format!("process {} does not serve exported pools (exited?): {e}", d.pid),
             )
         };
-        let stream = address(d.pid).and_then(|a| UnixStream::connect_addr(&a));
+        let stream = address(d.pid, d.service).and_then(|a| UnixStream::connect_addr(&a));
         let stream = stream.map_err(unreachable)?;
         stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
         let writer = stream.try_clone().map_err(unreachable)?;
@@ -168,7 +168,7 @@ impl<'d> ImportedPool<'d> {
         let d = &self.descriptor;
         let elem = std::mem::size_of::<T>() as u64;
         let fits = pointer.offset.checked_add(pointer.len).is_some_and(|e| e <= d.max_size);
-        if (pointer.pid, pointer.pool) != (d.pid, d.pool)
+        if (pointer.pid, pointer.service, pointer.pool) != (d.pid, d.service, d.pool)
             || !fits
             || pointer.len == 0
             || elem == 0
@@ -306,7 +306,7 @@ impl Drop for ImportedPool<'_> {
 
 fn forget_import(d: &PoolDescriptor) {
     if let Some(set) = IMPORTED.lock().as_mut() {
-        set.remove(&(d.pid, d.pool));
+        set.remove(&(d.pid, d.service, d.pool));
     }
 }
 

@@ -257,7 +257,7 @@ impl MemPool<'_> {
     /// use soma_core::{HandleType, MemPool};
     /// let s = dev.create_stream()?;
     /// let kv = MemPool::builder().handle_type(HandleType::Posix).build(&dev)?;
-    /// let desc = kv.export()?;                 // text: "soma-pool:<pid>:<id>:<size>:<granule>"
+    /// let desc = kv.export()?;                 // text: "soma-pool:<pid>:<service>:<id>:…"
     /// kv.allow_process(4242)?;                 // the importing process's id
     /// let block = kv.alloc_async::<u16>(4096, &s)?;
     /// let ptr = block.export_pointer()?;       // text too: what the importer opens
@@ -270,9 +270,10 @@ impl MemPool<'_> {
     /// [`Error::Driver`] when the pool service cannot start (its socket).
     pub fn export(&self) -> Result<PoolDescriptor> {
         let core = self.shared_core()?;
-        service::register(core)?;
+        let service = service::register(core)?;
         Ok(PoolDescriptor {
             pid: std::process::id(),
+            service,
             pool: core.id,
             max_size: core.max_size,
             granularity: self.device().info().granularity,
@@ -332,7 +333,8 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
             Error::ipc(IpcErrorKind::NotExportable, "the allocation is not in the pool's range")
         })?;
         let len = self.byte_len();
+        let service = service::register(core)?;
         ipc.export_block(offset, block, len);
-        Ok(ExportedPointer { pid: std::process::id(), pool: core.id, offset, len })
+        Ok(ExportedPointer { pid: std::process::id(), service, pool: core.id, offset, len })
     }
 }

@@ -33,29 +33,40 @@ use crate::pool::core::PoolCore;
 /// Exported pools of this process by number.
 static POOLS: Mutex<Option<HashMap<u64, Weak<PoolCore>>>> = Mutex::new(None);
 
-/// The process whose listener runs (a child made by `fork` has none).
-static SERVING: Mutex<Option<u32>> = Mutex::new(None);
+/// The process whose listener runs (a child made by `fork` has none), and its service
+/// number.
+static SERVING: Mutex<Option<(u32, u32)>> = Mutex::new(None);
 
-/// The socket of process `pid`'s pool service.
-pub(super) fn address(pid: u32) -> std::io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("soma-pool-{pid}"))
+/// Services one process may run (copies of soma loaded side by side: a Rust program and the
+/// C library, each with its own pools).
+const SERVICES: u32 = 16;
+
+/// The socket of process `pid`'s pool service `service`.
+pub(super) fn address(pid: u32, service: u32) -> std::io::Result<SocketAddr> {
+    match service {
+        0 => SocketAddr::from_abstract_name(format!("soma-pool-{pid}")),
+        k => SocketAddr::from_abstract_name(format!("soma-pool-{pid}-{k}")),
+    }
 }
 
-/// Makes `core` reachable by importers, starting the service if needed.
-pub(super) fn register(core: &Arc<PoolCore>) -> Result<()> {
-    ensure_serving()?;
+/// Makes `core` reachable by importers, starting the service if needed; the service's
+/// number.
+pub(super) fn register(core: &Arc<PoolCore>) -> Result<u32> {
+    let service = ensure_serving()?;
     let mut pools = POOLS.lock();
     let pools = pools.get_or_insert_with(HashMap::new);
     pools.retain(|_, weak| weak.strong_count() > 0);
     pools.insert(core.id, Arc::downgrade(core));
-    Ok(())
+    Ok(service)
 }
 
-fn ensure_serving() -> Result<()> {
+fn ensure_serving() -> Result<u32> {
     let mut serving = SERVING.lock();
     let pid = std::process::id();
-    if *serving == Some(pid) {
-        return Ok(());
+    if let Some((p, service)) = *serving {
+        if p == pid {
+            return Ok(service);
+        }
     }
     let failed = |e: std::io::Error| {
         Error::Driver(DriverError::Native {
@@ -63,7 +74,16 @@ fn ensure_serving() -> Result<()> {
             message: format!("cannot serve exported pools (socket soma-pool-{pid}): {e}"),
         })
     };
-    let listener = address(pid).and_then(|a| UnixListener::bind_addr(&a)).map_err(failed)?;
+    // The first name no other copy of soma in the process took.
+    let mut bound = Err(std::io::Error::from(std::io::ErrorKind::AddrInUse));
+    for service in 0..SERVICES {
+        bound =
+            address(pid, service).and_then(|a| UnixListener::bind_addr(&a)).map(|l| (l, service));
+        if bound.is_ok() {
+            break;
+        }
+    }
+    let (listener, service) = bound.map_err(failed)?;
     std::thread::Builder::new()
         .name("soma-pool-ipc".into())
         .spawn(move || {
@@ -75,8 +95,8 @@ fn ensure_serving() -> Result<()> {
             }
         })
         .map_err(failed)?;
-    *serving = Some(pid);
-    Ok(())
+    *serving = Some((pid, service));
+    Ok(service)
 }
 
 /// The exported pool `id`, if it is alive.

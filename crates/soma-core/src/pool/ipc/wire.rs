@@ -22,10 +22,13 @@ pub enum HandleType {
 /// What another process needs to import a pool ([`MemPool::import`](crate::MemPool::import)):
 /// the exporting process, the pool's number there, its size and granularity. Made by
 /// [`MemPool::export`](crate::MemPool::export); passed as text (its `Display`, parsed back
-/// with `str::parse`), e.g. `soma-pool:4242:7:1073741824:2097152`.
+/// with `str::parse`), e.g. `soma-pool:4242:0:7:1073741824:2097152` (process, its pool
+/// service, pool, size, granularity).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolDescriptor {
     pub(crate) pid: u32,
+    /// The exporting process's pool service (0 unless several copies of soma share it).
+    pub(crate) service: u32,
     pub(crate) pool: u64,
     pub(crate) max_size: u64,
     pub(crate) granularity: u64,
@@ -50,8 +53,8 @@ impl PoolDescriptor {
 
 impl fmt::Display for PoolDescriptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let PoolDescriptor { pid, pool, max_size, granularity } = self;
-        write!(f, "soma-pool:{pid}:{pool}:{max_size}:{granularity}")
+        let PoolDescriptor { pid, service, pool, max_size, granularity } = self;
+        write!(f, "soma-pool:{pid}:{service}:{pool}:{max_size}:{granularity}")
     }
 }
 
@@ -59,8 +62,9 @@ impl FromStr for PoolDescriptor {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let [pid, pool, max_size, granularity] = fields(s, "soma-pool")?;
-        Ok(PoolDescriptor { pid: narrow(pid, s)?, pool, max_size, granularity })
+        let [pid, service, pool, max_size, granularity] = fields(s, "soma-pool")?;
+        let (pid, service) = (narrow(pid, s)?, narrow(service, s)?);
+        Ok(PoolDescriptor { pid, service, pool, max_size, granularity })
     }
 }
 
@@ -68,10 +72,11 @@ impl FromStr for PoolDescriptor {
 /// its first byte in the pool and its length in bytes. Made by `export_pointer` on an
 /// allocation ([`PoolAlloc::export_pointer`](crate::PoolAlloc::export_pointer)), opened by an
 /// importer with [`ImportedPool::open`](crate::ImportedPool::open); passed as text, e.g.
-/// `soma-ptr:4242:7:4194304:4096`.
+/// `soma-ptr:4242:0:7:4194304:4096` (process, service, pool, offset, length).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExportedPointer {
     pub(crate) pid: u32,
+    pub(crate) service: u32,
     pub(crate) pool: u64,
     pub(crate) offset: u64,
     pub(crate) len: u64,
@@ -101,8 +106,8 @@ impl ExportedPointer {
 
 impl fmt::Display for ExportedPointer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ExportedPointer { pid, pool, offset, len } = self;
-        write!(f, "soma-ptr:{pid}:{pool}:{offset}:{len}")
+        let ExportedPointer { pid, service, pool, offset, len } = self;
+        write!(f, "soma-ptr:{pid}:{service}:{pool}:{offset}:{len}")
     }
 }
 
@@ -110,8 +115,9 @@ impl FromStr for ExportedPointer {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let [pid, pool, offset, len] = fields(s, "soma-ptr")?;
-        Ok(ExportedPointer { pid: narrow(pid, s)?, pool, offset, len })
+        let [pid, service, pool, offset, len] = fields(s, "soma-ptr")?;
+        let (pid, service) = (narrow(pid, s)?, narrow(service, s)?);
+        Ok(ExportedPointer { pid, service, pool, offset, len })
     }
 }
 
@@ -119,8 +125,8 @@ fn bad_text(s: &str) -> Error {
     Error::ipc(IpcErrorKind::InvalidDescriptor, format!("{s:?} is not a soma descriptor"))
 }
 
-/// The four numbers after `tag:` in `s`.
-fn fields(s: &str, tag: &str) -> Result<[u64; 4]> {
+/// The five numbers after `tag:` in `s`.
+fn fields(s: &str, tag: &str) -> Result<[u64; 5]> {
     let rest = s.trim().strip_prefix(tag).and_then(|r| r.strip_prefix(':'));
     let numbers: Vec<u64> = rest
         .ok_or_else(|| bad_text(s))?
@@ -204,17 +210,25 @@ mod tests {
 
     #[test]
     fn descriptors_and_pointers_round_trip_and_reject_garbage() {
-        let d = PoolDescriptor { pid: 42, pool: 7, max_size: 1 << 30, granularity: 2 << 20 };
-        assert_eq!(d.to_string(), "soma-pool:42:7:1073741824:2097152");
+        let d = PoolDescriptor {
+            pid: 42,
+            service: 1,
+            pool: 7,
+            max_size: 1 << 30,
+            granularity: 2 << 20,
+        };
+        assert_eq!(d.to_string(), "soma-pool:42:1:7:1073741824:2097152");
         assert_eq!(d.to_string().parse::<PoolDescriptor>(), Ok(d));
-        let p = ExportedPointer { pid: 42, pool: 7, offset: 512, len: 64 };
+        let p = ExportedPointer { pid: 42, service: 0, pool: 7, offset: 512, len: 64 };
         assert_eq!(p.to_string().parse::<ExportedPointer>(), Ok(p));
-        for bad in ["", "soma-pool:1:2:3", "soma-pool:1:2:3:4:5", "soma-ptr:1:2:3:x", "x:1:2:3:4"] {
+        for bad in
+            ["", "soma-pool:1:2:3:4", "soma-pool:1:2:3:4:5:6", "soma-ptr:1:2:3:4:x", "x:1:2:3:4:5"]
+        {
             let e = bad.parse::<PoolDescriptor>().unwrap_err();
             assert!(matches!(e, Error::Ipc { kind: IpcErrorKind::InvalidDescriptor, .. }));
         }
         assert!(p.to_string().parse::<PoolDescriptor>().is_err(), "a pointer is no descriptor");
-        assert!("soma-pool:4294967296:1:2:3".parse::<PoolDescriptor>().is_err(), "pid range");
+        assert!("soma-pool:4294967296:0:1:2:3".parse::<PoolDescriptor>().is_err(), "pid range");
     }
 
     #[test]
