@@ -13,6 +13,7 @@ mod faults;
 mod foreign_work;
 mod graph_capture;
 mod host_transfers;
+mod ipc;
 mod observe;
 mod owned;
 mod peer_access;

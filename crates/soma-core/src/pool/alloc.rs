@@ -202,6 +202,18 @@ impl<T> PoolAlloc<'_, T> {
     pub fn byte_len(&self) -> u64 {
         self.0.byte_len()
     }
+
+    /// Names the allocation for another process that imported its pool
+    /// ([`ImportedPool::open`](crate::ImportedPool::open)). From now on its free waits for
+    /// every importer that opened it to release it, and it cannot be compacted. See
+    /// [`MemPool::export`].
+    ///
+    /// # Errors
+    /// [`IpcErrorKind::NotExportable`](crate::IpcErrorKind::NotExportable) for a pool not
+    /// built with [`HandleType::Posix`](crate::HandleType::Posix).
+    pub fn export_pointer(&self) -> Result<crate::ExportedPointer> {
+        self.0.export_pointer()
+    }
 }
 
 impl<T> Drop for PoolAlloc<'_, T> {

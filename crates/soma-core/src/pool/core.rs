@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::backing::HalBacking;
 use super::free_ring::FreeRing;
 use super::handle::Origin;
+use super::ipc::ExportState;
 use super::passthrough::Passthrough;
 use super::policy::{OomHook, Settings};
 use super::shards::Budget;
@@ -36,6 +37,8 @@ pub(super) struct CoreSpec {
     pub(super) settings: Arc<Settings>,
     pub(super) created: Instant,
     pub(super) id: u64,
+    /// Built with `HandleType::Posix`: the pool can be shared with other processes.
+    pub(super) shareable: bool,
 }
 
 /// The shared part of an engine-backed pool, or of one of its shards (reachable from the
@@ -76,6 +79,8 @@ pub(crate) struct PoolCore {
     /// Set whenever a sticky error is stored (cleared when it is taken): the lock-free
     /// allocation path leaves it to the locked one to report.
     sticky_hint: AtomicBool,
+    /// The sharing state of a pool built with `HandleType::Posix` (see `ipc/`).
+    pub(super) ipc: Option<ExportState>,
 }
 
 /// The state of a core that its lock guards.
@@ -254,12 +259,18 @@ impl PoolCore {
             passthrough: spec.passthrough.then(Passthrough::default),
             history_on: spec.history > 0,
             // Every free must reach the engine at once for the sanitizer's annotations, the
-            // history and pass-through mode. In a sharded pool a ring would be drained only
+            // history, pass-through mode and a shareable pool (whose frees may wait for
+            // importers). In a sharded pool a ring would be drained only
             // when its own shard is locked, so the pool-wide `used` (and its high-water mark)
             // would count frees waiting there: frees lock instead.
-            free_ring: (!spec.passthrough && spec.history == 0 && !annotate && budget.is_none())
+            free_ring: (!spec.passthrough
+                && spec.history == 0
+                && !annotate
+                && budget.is_none()
+                && !spec.shareable)
                 .then(FreeRing::new),
             sticky_hint: AtomicBool::new(false),
+            ipc: spec.shareable.then(ExportState::default),
         });
         let weak: Weak<PoolCore> = Arc::downgrade(&core);
         device.register_listener(weak);

@@ -18,6 +18,7 @@
 //! | `teardown.rs` | the end of a pool, without waiting for any stream |
 //! | `deferred.rs` | memory of dropped pools that work may still use, released by the device |
 //! | `native.rs` | the driver's own pool behind the same API |
+//! | `ipc/` | pools shared with other processes: export, the pool service, import |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
 //! | `default.rs` | a device's default pool, and `Stream::alloc_async` from it |
@@ -38,6 +39,7 @@ pub(crate) mod deferred;
 mod free;
 pub mod free_ring;
 mod handle;
+mod ipc;
 mod native;
 mod observe_api;
 mod oom;
@@ -55,6 +57,7 @@ pub use alloc::PoolAlloc;
 pub use api::MemPool;
 pub use builder::MemPoolBuilder;
 pub(crate) use default::DefaultPool;
+pub use ipc::{ExportedPointer, HandleType, ImportedAlloc, ImportedPool, PoolDescriptor};
 pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};
 pub use stats::{PoolStats, ReuseCounts};

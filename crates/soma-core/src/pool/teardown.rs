@@ -77,6 +77,13 @@ impl PoolCore {
                     let _ = inner.engine.free(block, tag);
                 }
             }
+            if let Some(ipc) = &self.ipc {
+                // Frees that waited for importers: the pool ends, importers keep the memory
+                // they mapped.
+                for (block, tag) in ipc.take_deferred() {
+                    let _ = inner.engine.free(block, tag);
+                }
+            }
             let raw: Vec<BlockId> = inner.raw_blocks.drain().collect();
             for &block in &raw {
                 // Raw blocks never given to `free_raw` go with the pool (`alloc_raw`'s
