@@ -21,8 +21,8 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use soma::MemPool;
 use soma_tools::baselines::{
-    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaOwned, SomaReplica,
-    Tlsf, UNIT,
+    Allocator, DriverPath, FirstFit, LlamaCppPrio, OffsetAlloc, SomaApi, SomaEngine, SomaOwned,
+    SomaReplica, Tlsf, TorchNpu, UNIT,
 };
 use soma_tools::workload::{checkerboard, free_all, replay};
 
@@ -70,6 +70,8 @@ fn hot(c: &mut Criterion) {
         run(&mut g, OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live);
         run(&mut g, Tlsf::new(RANGE), live);
         run(&mut g, SomaReplica::new(1 << 46), live);
+        run(&mut g, TorchNpu::new(RANGE), live);
+        run(&mut g, LlamaCppPrio::new(), live);
         // The first-fit free list's state is built directly (a million merge passes would
         // take hours); it is the state its API reaches: n holes of 512 B at every other
         // block, then the tail.

@@ -13,6 +13,11 @@
 //! a replay's time divided by its number of ops (ns per op, warm). Ids:
 //! `random_allocations/<allocator>/<n>x<max_size MiB>`.
 //!
+//! Allocators: the baselines (`soma_tools::baselines`, the replicas of torch_npu's and
+//! llama.cpp's pools among them), `soma` (the public API on one stream), `soma-4-streams`
+//! (the same, ops on 4 streams in turn), `soma-retain` and the engine alone with and
+//! without recycling.
+//!
 //! Before criterion, each instance replays twice outside criterion: the first replay (on the
 //! fresh instance, timed once) is the cold figure, the second (warm) gives the driver calls
 //! of one warm replay. When that second replay takes longer than
@@ -22,19 +27,23 @@
 //! JSON (`<target>/soma-bench/random_allocations.json`), one object per cell: the workload's
 //! facts (`cell`, `n`, `max_size_mib`, `ops`, `allocs`, `peak_live_bytes`,
 //! `max_live_count`) and maps keyed by allocator name: `cold_ns_per_op` (first replay on a
-//! fresh allocator), `cold_map_calls` / `cold_unmap_calls` (driver calls of that first
-//! replay) and `warm_map_calls` / `warm_unmap_calls` (of the second replay on the same
-//! instance) for the allocators that map (`soma`, `soma-retain`, `soma-engine`,
-//! `soma-engine-retain`), `cold_reserved_high` / `warm_reserved_high` (peak reserved after
-//! the first / second replay). A run with a benchmark filter measures only the selected
-//! (allocator, cell) pairs and keeps the previous file's figures for the others.
+//! fresh allocator), `cold_driver_calls` (driver calls of that first replay, by kind:
+//! `soma_tools::driver_cost::DriverCalls`) and `warm_driver_calls` (of the second replay on
+//! the same instance), `cold_driver_ns_per_op` / `warm_driver_ns_per_op` (their modelled
+//! time per op, `DriverCostModel::ascend_like`, whose per-call costs are written to
+//! `driver_cost_model.json`), `cold_reserved_high` / `warm_reserved_high` (peak reserved
+//! after the first / second replay). A run with a benchmark filter measures only the
+//! selected (allocator, cell) pairs and keeps the previous file's figures for the others.
 //!
 //! Interleaved rounds: after criterion, the cell's fast allocators (every one but the
-//! first-fit free list and the driver path) replay in [`common::ROUNDS`] rounds, one timed
-//! replay each per round, in an order that rotates from round to round. On a shared machine whose load moves
-//! between criterion's runs of two allocators, the ratio of two figures of the same round is
-//! far steadier than the ratio of two criterion means taken minutes apart. Recorded per cell
-//! as `paired_ns_per_op` (allocator → ns per op of each round, in round order).
+//! first-fit free list, the driver path and any whose warm replay was too slow for
+//! criterion) replay in [`common::ROUNDS`] rounds, one timed
+//! replay each per round, in an order that rotates from round to round. On a shared machine
+//! whose load moves between criterion's runs of two allocators, the ratio of two figures of
+//! the same round is far steadier than the ratio of two criterion means taken minutes
+//! apart. Recorded per cell as `paired_ns_per_op` (allocator → ns per op of each round's
+//! warm replay, in round order) and `paired_cold_ns_per_op` (the same allocators, each
+//! round on a fresh instance: the first replay's ns per op).
 //!
 //! The driver path runs only for n ≤ 10 000 (about 6 µs per call on soma-sim: the
 //! n = 100 000 cells would take minutes); the first-fit free list only where its
@@ -52,10 +61,12 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use serde_json::{json, Map, Value};
-use soma::MemPool;
+use soma::{MemPool, Stream};
 use soma_tools::baselines::{
-    Allocator, DriverPath, FirstFit, OffsetAlloc, SomaApi, SomaEngine, SomaReplica, Tlsf,
+    Allocator, DriverCalls, DriverPath, FirstFit, LlamaCppPrio, OffsetAlloc, SomaApi, SomaEngine,
+    SomaReplica, SomaStreams, Tlsf, TorchNpu,
 };
+use soma_tools::driver_cost::DriverCostModel;
 use soma_tools::workload::{free_all, random_allocations, replay, Workload, SEED};
 
 use common::RANGE;
@@ -65,15 +76,16 @@ const MAX_SIZES_MIB: [u64; 4] = [1, 4, 64, 256];
 const MAX_USAGE_MIB: u64 = 16_000;
 
 /// The per-allocator maps of one cell's JSON object.
-const MAPS: [&str; 8] = [
+const MAPS: [&str; 9] = [
     "cold_ns_per_op",
-    "cold_map_calls",
-    "cold_unmap_calls",
-    "warm_map_calls",
-    "warm_unmap_calls",
+    "cold_driver_calls",
+    "warm_driver_calls",
+    "cold_driver_ns_per_op",
+    "warm_driver_ns_per_op",
     "cold_reserved_high",
     "warm_reserved_high",
     "paired_ns_per_op",
+    "paired_cold_ns_per_op",
 ];
 
 /// What one run measured outside criterion: per cell, per map key, allocator → value.
@@ -87,6 +99,12 @@ struct Facts {
 }
 
 impl Facts {
+    /// Whether `allocator`'s warm replay of `cell` was too slow for criterion (then it stays
+    /// out of the interleaved rounds as well: its single timing stands).
+    fn slow(&self, allocator: &str, cell: &str) -> bool {
+        self.slow.iter().any(|e| e["allocator"] == allocator && e["cell"] == cell)
+    }
+
     fn put(&mut self, cell: &str, key: &'static str, allocator: &str, value: Value) {
         self.cells
             .entry(cell.to_owned())
@@ -110,6 +128,15 @@ fn ns_per_op(d: Duration, w: &Workload) -> f64 {
     d.as_nanos() as f64 / w.ops.len() as f64
 }
 
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// `maps/unmaps/mallocs/frees` of `calls`, for the progress lines.
+fn brief(c: &DriverCalls) -> String {
+    format!("{}/{}/{}/{}", c.map, c.unmap, c.malloc, c.free)
+}
+
 /// One (allocator, cell): a cold replay on the fresh `a` and a second (warm) replay, both
 /// outside criterion (recorded in `facts`), then criterion's iterations, each one replay on
 /// the same `a` — or, when the warm replay is slower than [`common::slow_replay_limit`],
@@ -128,23 +155,28 @@ fn bench<A: Allocator>(
     }
     facts.measured.push((name.to_owned(), cell.to_owned()));
 
+    let model = DriverCostModel::ascend_like();
+    let ops = w.ops.len() as u64;
+    let start = a.driver_calls();
     let cold = ns_per_op(timed_replay(a, w), w);
-    let cold_calls = a.driver_calls();
-    facts.put(cell, "cold_ns_per_op", name, json!((cold * 10.0).round() / 10.0));
+    let cold_calls = a.driver_calls() - start;
+    facts.put(cell, "cold_ns_per_op", name, json!(round1(cold)));
     facts.put(cell, "cold_reserved_high", name, json!(a.reserved_high()));
     let second = ns_per_op(timed_replay(a, w), w);
+    let warm_calls = a.driver_calls() - start - cold_calls;
     facts.put(cell, "warm_reserved_high", name, json!(a.reserved_high()));
-    let mut calls = String::new();
-    if let (Some((m1, u1)), Some((m2, u2))) = (cold_calls, a.driver_calls()) {
-        facts.put(cell, "cold_map_calls", name, json!(m1));
-        facts.put(cell, "cold_unmap_calls", name, json!(u1));
-        facts.put(cell, "warm_map_calls", name, json!(m2 - m1));
-        facts.put(cell, "warm_unmap_calls", name, json!(u2 - u1));
-        calls = format!(", map/unmap calls {m1}/{u1} cold, {}/{} warm", m2 - m1, u2 - u1);
+    for (kind, calls) in [("cold", cold_calls), ("warm", warm_calls)] {
+        let calls_json: Value = serde_json::from_str(&calls.to_json()).expect("calls JSON");
+        let key = if kind == "cold" { "cold_driver_calls" } else { "warm_driver_calls" };
+        facts.put(cell, key, name, calls_json);
+        let key = if kind == "cold" { "cold_driver_ns_per_op" } else { "warm_driver_ns_per_op" };
+        facts.put(cell, key, name, json!(round1(model.ns_per_op(&calls, ops))));
     }
     println!(
         "random_allocations/{name}/{cell}: first replay (cold) {cold:.1} ns/op, \
-         second (warm) {second:.1} ns/op{calls}"
+         second (warm) {second:.1} ns/op; driver calls {} cold, {} warm",
+        brief(&cold_calls),
+        brief(&warm_calls)
     );
 
     if second * w.ops.len() as f64 > common::slow_replay_limit().as_nanos() as f64 {
@@ -155,9 +187,9 @@ fn bench<A: Allocator>(
         facts.slow.push(json!({
             "allocator": name,
             "cell": cell,
-            "ns_per_op": (second * 10.0).round() / 10.0,
-            "cold_ns_per_op": (cold * 10.0).round() / 10.0,
-            "warm_ns_per_op": (second * 10.0).round() / 10.0,
+            "ns_per_op": round1(second),
+            "cold_ns_per_op": round1(cold),
+            "warm_ns_per_op": round1(second),
         }));
         return;
     }
@@ -195,6 +227,7 @@ fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&m
     let mut chosen: Vec<&mut &mut dyn Replayer> = allocators
         .iter_mut()
         .filter(|a| common::maybe_selected(&format!("random_allocations/{}/{cell}", a.name())))
+        .filter(|a| !facts.slow(a.name(), cell))
         .collect();
     if chosen.len() < 2 {
         return;
@@ -202,10 +235,76 @@ fn interleaved(facts: &mut Facts, cell: &str, w: &Workload, allocators: &mut [&m
     let ns = common::interleaved_rounds(chosen.len(), |j| chosen[j].replay_ns(w));
     let (rounds, k) = (ns[0].len(), ns.len());
     for (a, v) in chosen.iter().zip(ns) {
-        let rounded: Vec<f64> = v.iter().map(|x| (x * 10.0).round() / 10.0).collect();
+        let rounded: Vec<f64> = v.iter().copied().map(round1).collect();
         facts.put(cell, "paired_ns_per_op", a.name(), json!(rounded));
     }
     println!("random_allocations/{cell}: {rounds} interleaved rounds of {k} allocators");
+}
+
+/// A fresh allocator of the cold rounds: its name and a function that builds one, replays
+/// `w` once on it and returns that replay's ns per op.
+type ColdReplay<'a> = (&'static str, Box<dyn FnMut(&Workload) -> f64 + 'a>);
+
+/// [`common::interleaved_rounds`] of first replays: every round builds each allocator of
+/// `fresh` (those the filter selects; none when fewer than two are) anew and times its
+/// first replay.
+fn cold_rounds(facts: &mut Facts, cell: &str, w: &Workload, fresh: &mut [ColdReplay<'_>]) {
+    let mut chosen: Vec<&mut ColdReplay<'_>> = fresh
+        .iter_mut()
+        .filter(|(name, _)| common::maybe_selected(&format!("random_allocations/{name}/{cell}")))
+        .filter(|(name, _)| !facts.slow(name, cell))
+        .collect();
+    if chosen.len() < 2 {
+        return;
+    }
+    let ns = common::interleaved_rounds(chosen.len(), |j| (chosen[j].1)(w));
+    for ((name, _), v) in chosen.iter().zip(ns) {
+        let rounded: Vec<f64> = v.iter().copied().map(round1).collect();
+        facts.put(cell, "paired_cold_ns_per_op", name, json!(rounded));
+    }
+    println!("random_allocations/{cell}: cold rounds of {} allocators", chosen.len());
+}
+
+/// The cold rounds' allocators, each built fresh for every replay: the same set as the warm
+/// rounds.
+fn fresh_allocators<'a>(
+    dev: &'a soma::Device,
+    s: &'a Stream<'a>,
+    streams: &'a [Stream<'a>],
+    n: usize,
+) -> Vec<ColdReplay<'a>> {
+    fn first<A: Allocator>(mut a: A, w: &Workload) -> f64 {
+        ns_per_op(timed_replay(&mut a, w), w)
+    }
+    let pool = move |recycle: bool| {
+        MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool")
+    };
+    vec![
+        ("soma", Box::new(move |w: &Workload| first(SomaApi::new(&pool(true), s), w))),
+        (
+            "soma-4-streams",
+            Box::new(move |w: &Workload| {
+                first(SomaStreams::new(&pool(true), streams, "soma-4-streams"), w)
+            }),
+        ),
+        (
+            "soma-retain",
+            Box::new(move |w: &Workload| first(SomaApi::named(&pool(false), s, "soma-retain"), w)),
+        ),
+        ("soma-engine", Box::new(|w: &Workload| first(SomaEngine::new(RANGE, 512), w))),
+        (
+            "soma-engine-retain",
+            Box::new(|w: &Workload| first(SomaEngine::with_recycling(RANGE, 512, false), w)),
+        ),
+        (
+            "offset-allocator",
+            Box::new(move |w: &Workload| first(OffsetAlloc::new(RANGE, (2 * n + 1024) as u32), w)),
+        ),
+        ("tlsf", Box::new(|w: &Workload| first(Tlsf::new(RANGE), w))),
+        ("soma-replica", Box::new(|w: &Workload| first(SomaReplica::new(1 << 46), w))),
+        ("torch-npu", Box::new(|w: &Workload| first(TorchNpu::new(RANGE), w))),
+        ("llama-cpp", Box::new(|w: &Workload| first(LlamaCppPrio::new(), w))),
+    ]
 }
 
 /// The previous run's JSON array at `<out_dir>/<name>.json` (empty when absent or invalid).
@@ -274,6 +373,8 @@ fn random(c: &mut Criterion) {
     let npu = common::npu();
     let dev = npu.device(0).expect("device");
     let s = dev.create_stream().expect("stream");
+    let streams: Vec<Stream<'_>> = (0..4).map(|_| dev.create_stream().expect("stream")).collect();
+    common::write_cost_model();
     let mut facts = Facts::default();
     let mut workloads = Vec::new();
     let mut g = c.benchmark_group("random_allocations");
@@ -297,21 +398,28 @@ fn random(c: &mut Criterion) {
             // The public API: one pool per cell, reused by every replay (pool creation is
             // not timed).
             let pool = MemPool::builder().build(&dev).expect("pool");
+            let pool4 = MemPool::builder().build(&dev).expect("pool");
             let retaining = MemPool::builder().recycle_on_growth(false).build(&dev).expect("pool");
             let mut api = SomaApi::new(&pool, &s);
+            let mut api4 = SomaStreams::new(&pool4, &streams, "soma-4-streams");
             let mut api_retain = SomaApi::named(&retaining, &s, "soma-retain");
             let mut engine = SomaEngine::new(RANGE, 512);
             let mut engine_retain = SomaEngine::with_recycling(RANGE, 512, false);
             let mut offset = OffsetAlloc::new(RANGE, (2 * n + 1024) as u32);
             let mut tlsf = Tlsf::new(RANGE);
             let mut replica = SomaReplica::new(1 << 46);
+            let mut torch = TorchNpu::new(RANGE);
+            let mut llama = LlamaCppPrio::new();
             bench(&mut g, &mut facts, &cell, &w, &mut api);
+            bench(&mut g, &mut facts, &cell, &w, &mut api4);
             bench(&mut g, &mut facts, &cell, &w, &mut api_retain);
             bench(&mut g, &mut facts, &cell, &w, &mut engine);
             bench(&mut g, &mut facts, &cell, &w, &mut engine_retain);
             bench(&mut g, &mut facts, &cell, &w, &mut offset);
             bench(&mut g, &mut facts, &cell, &w, &mut tlsf);
             bench(&mut g, &mut facts, &cell, &w, &mut replica);
+            bench(&mut g, &mut facts, &cell, &w, &mut torch);
+            bench(&mut g, &mut facts, &cell, &w, &mut llama);
             if n <= 10_000 || max >= 64 {
                 bench(&mut g, &mut facts, &cell, &w, &mut FirstFit::new(RANGE));
             }
@@ -325,17 +433,24 @@ fn random(c: &mut Criterion) {
                 &w,
                 &mut [
                     &mut api,
+                    &mut api4,
                     &mut api_retain,
                     &mut engine,
                     &mut engine_retain,
                     &mut offset,
                     &mut tlsf,
                     &mut replica,
+                    &mut torch,
+                    &mut llama,
                 ],
             );
+            cold_rounds(&mut facts, &cell, &w, &mut fresh_allocators(&dev, &s, &streams, n));
         }
     }
     g.finish();
+    for st in std::iter::once(&s).chain(&streams) {
+        st.synchronize().expect("sync");
+    }
     write(&workloads, facts);
 }
 

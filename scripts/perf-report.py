@@ -12,9 +12,10 @@ llama_decode output), describes the machine it runs on, and fills the prose of
     cargo run --release --example llama_decode > target/soma-bench/llama_decode.txt
     scripts/perf-report.py --callgrind
 
-Before writing, it runs `soma-replay --json` over the traces of `data/traces` (or
-`$SOMA_TRACES`) with 1, 2 and 4 streams, and repeated 12 times on one pool (also over the
-traces in `$SOMA_EXTRA_TRACES` when set); `--no-replay` skips that. `--callgrind` also runs
+Before writing, it runs `soma-replay --json --replays 3` over the traces of `data/traces` (or
+`$SOMA_TRACES`) with 1, 2 and 4 streams in `--rounds` interleaved rounds (default 5), and
+repeated 12 times on one pool (also over the traces in `$SOMA_EXTRA_TRACES` when set);
+`--no-replay` skips that. `--callgrind` also runs
 `soma-hotpath` under `valgrind --tool=callgrind` (64 live blocks, 10 000 and 20 000 pairs)
 and reports instructions per alloc + free pair. `--out PATH` writes somewhere else than
 docs/performance.md (e.g. to look at a quick run's page).
@@ -42,6 +43,8 @@ def main():
                     help="run soma-hotpath under callgrind first")
     ap.add_argument("--no-replay", action="store_true",
                     help="do not run soma-replay over the traces")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds of the soma-replay runs (default 5)")
     args = ap.parse_args()
     target = os.path.abspath(args.target)
     if not load_criterion(target):
@@ -50,7 +53,7 @@ def main():
     if args.callgrind:
         runs.run_callgrind(target)
     if not args.no_replay:
-        runs.run_replays(target)
+        runs.run_replays(target, max(1, args.rounds))
     page = document.render(target)
     with open(args.out, "w") as f:
         f.write(page)

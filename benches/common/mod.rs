@@ -86,6 +86,13 @@ pub fn write_json(name: &str, json: &str) {
     println!("wrote {}", path.display());
 }
 
+/// Writes the per-call costs of the model behind every modelled driver time
+/// (`DriverCostModel::ascend_like`, in ns) to `<out_dir>/driver_cost_model.json`.
+pub fn write_cost_model() {
+    let model = soma_tools::driver_cost::DriverCostModel::ascend_like();
+    write_json("driver_cost_model", &format!("{}\n", model.to_json()));
+}
+
 /// A software NPU large enough for every workload here (address space only: memory that
 /// is mapped but never touched costs no RAM).
 pub fn npu() -> soma::sim::Npu {

@@ -1,11 +1,10 @@
 """Sections 1 and 2 of docs/performance.md: the hot path and RMM's random_allocations."""
 
 from .common import (ALLOCATORS, BASELINES, MIB, PAIRED, PAIRED_BASELINES, VARIANTS,
-                     VARIANTS_API_FIRST, cell_label, fmt_ns, fmt_ratio, load_json, median,
-                     ratio, verdict)
+                     WITH_STREAMS, cell_label, fmt_ns, fmt_ratio, load_json, median, ratio,
+                     verdict)
+from .workload_tables import LEGEND, allocator_table
 
-# Columns of the cold random_allocations table.
-COLD = VARIANTS_API_FIRST + ["tlsf"]
 LIVES = ["64", "10000", "1000000"]
 
 
@@ -77,7 +76,8 @@ def _paired_table(w, cells):
     if not rows:
         return
     w("Interleaved rounds: after criterion, the cell's allocators (all but the first-fit free "
-      "list and the driver path) replay in rounds, one timed warm replay each per round, the "
+      "list, the driver path and those whose warm replay was too slow for criterion) replay "
+      "in rounds, one timed warm replay each per round, the "
       "order rotating from round to round; a ratio is taken within a round (the same minutes "
       "of the machine) and the table gives its median over the rounds, with the range. On a "
       "shared machine the ratio of two criterion means taken minutes apart moves by ±30–50 % "
@@ -176,46 +176,51 @@ def random_allocations(target, crit):
           f"{worst[0]}{part}).")
     w("")
     _paired_table(w, cells)
-    w("Cold: ns per op of the first replay on a fresh allocator (one replay, timed once, "
-      "before criterion's iterations on the same instance), beside the warm mean above:")
+    _cell_tables(w, cells, warm, cold)
+    return "\n".join(L)
+
+
+def _cell_tables(w, cells, warm, cold):
+    """Per cell, every allocator cold and warm: host time, driver calls and modelled time,
+    peak reserved; then the targets on soma's warm driver calls and cold / warm ratio.
+    `warm(allocator, cell)`: the criterion (or slow) warm figure; `cold(cell object,
+    allocator)`: the single first replay's."""
+    w("Every allocator, cold and warm, per cell. " + LEGEND + " Host warm: the interleaved "
+      "rounds' warm replays where the allocator is in them, else criterion's mean (the "
+      "first-fit free list, the driver path); host cold: the cold rounds (each on a fresh "
+      "instance), else the single first replay before criterion.")
     w("")
-    w("| n × max MiB | " + " | ".join(f"`{a}` cold" for a in COLD) + " | " +
-      " | ".join(f"`{a}` cold / warm" for a in ("soma", "soma-engine")) + " |")
-    w("|---|" + "---:|" * (len(COLD) + 2))
+    no_calls, ratios = [], []
     for c in cells:
         cell = c["cell"]
-        w(f"| {cell_label(cell)} | " + " | ".join(fmt_ns(cold(c, a)) for a in COLD) +
-          " | " + " | ".join(fmt_ratio(ratio(cold(c, a), warm(a, cell)))
-                             for a in ("soma", "soma-engine")) + " |")
-    w("")
-
-    def calls(c, kind, a):
-        m = (c.get(f"{kind}_map_calls") or {}).get(a)
-        u = (c.get(f"{kind}_unmap_calls") or {}).get(a)
-        return "—" if m is None or u is None else f"{m} / {u}"
-
-    w("Driver map / unmap calls per replay (the pure offset allocators never map): first = the "
-      "cold replay on a fresh allocator, warm = the second replay on the same instance, what "
-      "every timed iteration repeats (the engines' counting backing and the pools' driver "
-      "calls on soma-sim):")
-    w("")
-    w("| n × max MiB | allocs | " +
-      " | ".join(f"`{a}` first | `{a}` warm" for a in VARIANTS_API_FIRST) + " |")
-    w("|---|---:|" + "---:|" * (2 * len(VARIANTS_API_FIRST)))
-    for c in cells:
-        w(f"| {cell_label(c['cell'])} | {c['allocs']} | " + " | ".join(
-            f"{calls(c, 'cold', a)} | {calls(c, 'warm', a)}" for a in VARIANTS_API_FIRST) + " |")
-    w("")
-    w("Peak reserved after the warm replays / peak live requested bytes of the sequence (the "
-      "memory side of the figures above; reserved as defined in the allocator table; the "
-      "driver path maps each allocation's granules and nothing else):")
-    w("")
-    mem = [a for a in ALLOCATORS if a != "driver"]
-    w("| n × max MiB | peak live MiB | " + " | ".join(f"`{a}`" for a in mem) + " |")
-    w("|---|---:|" + "---:|" * len(mem))
-    for c in cells:
-        live = c["peak_live_bytes"]
-        res = c.get("warm_reserved_high") or {}
-        w(f"| {cell_label(c['cell'])} | {live / MIB:.0f} | " + " | ".join(
-            "—" if res.get(a) is None else f"{res[a] / live:.3f}" for a in mem) + " |")
-    return "\n".join(L)
+        get = lambda key, a, c=c: (c.get(key) or {}).get(a)  # noqa: E731
+        w(f"**{cell_label(cell)} MiB** ({c['ops']} ops, peak live "
+          f"{c['peak_live_bytes'] / MIB:.0f} MiB):")
+        w("")
+        rows = []
+        for a in WITH_STREAMS:
+            if get("cold_reserved_high", a) is None:
+                continue
+            host_cold = get("paired_cold_ns_per_op", a) or cold(c, a)
+            host_warm = get("paired_ns_per_op", a) or warm(a, cell)
+            rows.append((a, host_cold, host_warm, get("cold_driver_calls", a),
+                         get("warm_driver_calls", a), get("cold_driver_ns_per_op", a),
+                         get("warm_driver_ns_per_op", a), get("cold_reserved_high", a),
+                         get("warm_reserved_high", a)))
+        allocator_table(w, rows, c["peak_live_bytes"])
+        w("")
+        calls = get("warm_driver_calls", "soma")
+        if calls is not None:
+            no_calls.append((cell, calls.get("map", 0) + calls.get("unmap", 0)))
+        first, hot = get("paired_cold_ns_per_op", "soma"), get("paired_ns_per_op", "soma")
+        if first and hot and median(hot) > 0:
+            ratios.append((cell, median(first) / median(hot)))
+    if no_calls:
+        bad = [f"{cell} ({n})" for cell, n in no_calls if n > 0]
+        w(f"- Target: `soma`'s warm replay maps and unmaps nothing, every cell — "
+          f"{verdict(not bad)}" + (f" (map + unmap calls at {', '.join(bad)})." if bad else "."))
+    if ratios:
+        worst = max(ratios, key=lambda x: x[1])
+        w(f"- Target: `soma`'s first replay ≤ 3× a warm one, every cell (median of the cold "
+          f"rounds / median of the warm rounds) — "
+          f"{verdict(worst[1] <= 3)} (worst {worst[1]:.2f}× at {worst[0]}).")

@@ -9,8 +9,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MIB = 1 << 20
 
 ALLOCATORS = ["soma", "soma-retain", "soma-engine", "soma-engine-retain", "offset-allocator",
-              "tlsf", "soma-replica", "first-fit", "driver"]
-BASELINES = ["offset-allocator", "tlsf", "soma-replica", "first-fit"]
+              "tlsf", "soma-replica", "torch-npu", "llama-cpp", "first-fit", "driver"]
+BASELINES = ["offset-allocator", "tlsf", "soma-replica", "torch-npu", "llama-cpp", "first-fit"]
+# Every allocator of the cold / warm and driver tables: soma's public API on one and on 4
+# streams first, then the rest.
+WITH_STREAMS = ["soma", "soma-4-streams"] + ALLOCATORS[1:]
 # soma's variants measured against the baselines (ratio columns and targets).
 VARIANTS = ["soma-engine", "soma-engine-retain", "soma", "soma-retain"]
 # The same, public API first (column order of the allocator tables).
@@ -18,7 +21,9 @@ VARIANTS_API_FIRST = ["soma", "soma-retain", "soma-engine", "soma-engine-retain"
 # The baselines of random_allocations' interleaved rounds (all but the slow first fit), and
 # every allocator of those rounds, in column order.
 PAIRED_BASELINES = [b for b in BASELINES if b != "first-fit"]
-PAIRED = VARIANTS_API_FIRST + PAIRED_BASELINES
+PAIRED = ["soma", "soma-4-streams"] + VARIANTS_API_FIRST[1:] + PAIRED_BASELINES
+# Driver calls as the tables show them: (key of the JSON object, label).
+CALL_KINDS = [("map", "map"), ("unmap", "unmap"), ("malloc", "malloc"), ("free", "free")]
 
 # A criterion estimate: mean and confidence interval in ns, and the benchmark's throughput
 # ({"Bytes": n} or {"Elements": n}) when it declares one.
@@ -94,3 +99,23 @@ def median(xs):
 def cell_label(cell):
     """A random_allocations cell id (`1000x4`) as the tables print it."""
     return cell.replace("x", " × ")
+
+
+def median_range(xs):
+    """`median (min–max)` of a list of ns figures, or — when empty."""
+    if not xs:
+        return "—"
+    return f"{fmt_ns(median(xs))} ({fmt_ns(min(xs))}–{fmt_ns(max(xs))})"
+
+
+def fmt_calls(calls):
+    """Driver calls as `map / unmap / malloc / free` (each with its physical allocation or
+    free), or — when not measured."""
+    if not calls:
+        return "—"
+    return " / ".join(str(calls.get(k, 0)) for k, _ in CALL_KINDS)
+
+
+def add_ns(a, b):
+    """`a + b`, None when either is."""
+    return None if a is None or b is None else a + b

@@ -3,7 +3,7 @@
 import os
 import re
 
-from . import alloc_sections, machine, other_sections, trace_sections
+from . import alloc_sections, cost_sections, machine, other_sections, trace_sections
 from .common import load_criterion, means
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "template.md")
@@ -15,6 +15,7 @@ def blocks(target):
     crit = means(estimates)
     return {
         "machine": machine.describe(),
+        "cost_model": cost_sections.cost_model(target),
         "hot_path": alloc_sections.hot_path(target, crit),
         "random_allocations": alloc_sections.random_allocations(target, crit),
         "traces": trace_sections.traces(target, crit),

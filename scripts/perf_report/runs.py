@@ -10,6 +10,9 @@ import subprocess
 from .common import ROOT
 
 RERUNS = 12
+# Replays of each streams-table run: the first on a fresh pool (cold), the others warm.
+REPLAYS = 3
+STREAMS = (1, 2, 4)
 _IN_TURN = ["--streams", "4", "--stream-per-replay"]
 # The rerun table's columns: (key, label, soma-replay options, whether the 1.05 target
 # applies). Without recycling (`retain`) the target is not claimed.
@@ -43,7 +46,7 @@ def run_callgrind(target):
     build_tools(target)
     exe = os.path.join(target, "release", "soma-hotpath")
     res = {}
-    for alloc in ["soma", "soma-engine", "offset-allocator", "tlsf"]:
+    for alloc in ["soma", "soma-engine", "offset-allocator", "tlsf", "torch-npu", "llama-cpp"]:
         counts = []
         for n in (10000, 20000):
             out = os.path.join(target, "soma-bench", f"callgrind.{alloc}.{n}")
@@ -78,19 +81,25 @@ def replay_json(exe, path, opts):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_replays(target):
-    """soma-replay --json on every trace with 1, 2 and 4 streams -> soma-bench/replay.json;
-    the same traces (and those of `$SOMA_EXTRA_TRACES`) run repeatedly on one pool in the
-    modes of RERUN_MODES -> soma-bench/replay-reruns.json."""
+def run_replays(target, rounds):
+    """soma-replay --json --replays 3 on every trace with 1, 2 and 4 streams, in `rounds`
+    interleaved rounds (every round runs every (trace, streams) pair once, starting one pair
+    further than the round before) -> soma-bench/replay.json, one entry per pair with the
+    report of each round; the same traces (and those of `$SOMA_EXTRA_TRACES`) run
+    repeatedly on one pool in the modes of RERUN_MODES -> soma-bench/replay-reruns.json."""
     build_tools(target)
     exe = os.path.join(target, "release", "soma-replay")
     paths = trace_files(trace_dir())
-    rows = []
-    for p in paths:
-        for n in (1, 2, 4):
-            d = replay_json(exe, p, ["--streams", str(n)])
+    pairs = [(p, n) for p in paths for n in STREAMS]
+    reports = {pair: [] for pair in pairs}
+    for r in range(rounds):
+        for i in range(len(pairs)):
+            p, n = pairs[(r + i) % len(pairs)]
+            d = replay_json(exe, p, ["--streams", str(n), "--replays", str(REPLAYS)])
             if d:
-                rows.append(d)
+                reports[(p, n)].append(d)
+    rows = [{"trace": runs[0]["trace"], "streams": n, "rounds": runs}
+            for (p, n), runs in reports.items() if runs]
     with open(os.path.join(target, "soma-bench", "replay.json"), "w") as f:
         json.dump(rows, f)
     extra = os.environ.get("SOMA_EXTRA_TRACES")

@@ -1,8 +1,10 @@
 """Section 3 of docs/performance.md: the real traces, replayed on every allocator, through
 soma-replay on several streams, and repeatedly on one pool."""
 
-from .common import ALLOCATORS, BASELINES, MIB, fmt_ns, load_json, verdict
-from .runs import RERUN_MODES, RERUNS
+from .common import (ALLOCATORS, BASELINES, MIB, WITH_STREAMS, fmt_ns, load_json, median,
+                     median_range, verdict)
+from .runs import REPLAYS, RERUN_MODES, RERUNS
+from .workload_tables import LEGEND, allocator_table
 
 
 def _memory_table(w, traces):
@@ -27,12 +29,14 @@ def _memory_table(w, traces):
             else:
                 cells.append("—")
         s = al.get("soma", {})
-        sr = al.get("soma-retain", {})
         own = s.get("own_fragmentation")
+
+        def calls(a):
+            c = al.get(a, {}).get("cold_driver_calls")
+            return "—" if c is None else f"{c.get('map', 0)} / {c.get('unmap', 0)}"
         w(f"| {t['trace']} | {peak / MIB:.0f} | " + " | ".join(cells) +
-          f" | {'—' if own is None else f'{own:.3f}'} | {s.get('map_calls', '—')} / "
-          f"{s.get('unmap_calls', '—')} | {sr.get('map_calls', '—')} / "
-          f"{sr.get('unmap_calls', '—')} |")
+          f" | {'—' if own is None else f'{own:.3f}'} | {calls('soma')} | "
+          f"{calls('soma-retain')} |")
         if "soma-retain" in fr:
             retain.append((t["trace"], fr["soma-retain"]))
         if fr.get("soma", 9) > 1.05:
@@ -55,18 +59,63 @@ def _memory_table(w, traces):
 
 
 def _streams_table(w, rows):
-    w("The same traces through `soma-replay` (public API, default pool), ops spread "
-      "round-robin over N streams: a free on another stream than the allocation's hands the "
-      "allocation off first (event recorded, waited on), so blocks move between streams only "
-      "through events. Fragmentation = peak reserved / peak live requested.")
+    w(f"The same traces through `soma-replay --replays {REPLAYS}` (public API, default pool), "
+      "ops spread round-robin over N streams: a free on another stream than the allocation's "
+      "hands the allocation off first (event recorded, waited on), so blocks move between "
+      "streams only through events. Each run replays the trace "
+      f"{REPLAYS} times on one pool, freeing what a replay leaves live before the next: "
+      "replay 1 is cold, the later ones warm. The runs go in interleaved rounds (every round "
+      "runs every trace and stream count once); ns/op = median over the rounds (range). Map / "
+      "unmap calls of each replay, modelled driver time per op of replay 1 and of the last "
+      "replay (first round's counts; † where rounds differ, as event timing may with several "
+      "streams), fragmentation = peak reserved over all replays / peak live requested.")
     w("")
-    w("| trace | streams | ns / op | peak reserved MiB | fragmentation | map / unmap | "
-      "cross-stream frees |")
-    w("|---|---:|---:|---:|---:|---:|---:|")
+    w("| trace | streams | rounds | ns/op cold | ns/op warm | maps / unmaps per replay | "
+      "driver ns/op cold | driver ns/op warm | fragmentation | cross-stream frees |")
+    w("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    warm_calls = []
     for r in rows:
-        w(f"| {r['trace']} | {r['streams']} | {r['ns_per_op']:.0f} | "
-          f"{r['peak_reserved'] / MIB:.0f} | {r['fragmentation_vs_requested']:.3f} | "
-          f"{r['map_calls']} / {r['unmap_calls']} | {r['hand_offs']} |")
+        runs = r["rounds"]
+        first = runs[0]
+        reps = first.get("replays") or []
+        cold = [d["replays"][0]["ns_per_op"] for d in runs if d.get("replays")]
+        warm = [x["ns_per_op"] for d in runs for x in (d.get("replays") or [])[1:]]
+        counts = [[(x["map_calls"], x["unmap_calls"]) for x in d.get("replays") or []]
+                  for d in runs]
+        varies = " †" if any(c != counts[0] for c in counts) else ""
+        per = ", ".join(f"{m} / {u}" for m, u in counts[0]) + varies
+        drv_cold = reps[0]["driver_ns_per_op"] if reps else None
+        drv_warm = reps[-1]["driver_ns_per_op"] if len(reps) > 1 else None
+        w(f"| {r['trace']} | {r['streams']} | {len(runs)} | {median_range(cold)} | "
+          f"{median_range(warm)} | {per} | {fmt_ns(drv_cold)} | {fmt_ns(drv_warm)} | "
+          f"{first['fragmentation_vs_requested']:.3f} | {first['hand_offs']} |")
+        if r["streams"] == 1:
+            warm_calls.append((r["trace"], [c[1:] for c in counts]))
+    w("")
+    if warm_calls:
+        bad = [f"{t} ({', '.join(f'{m} / {u}' for m, u in runs[0])})" for t, runs in warm_calls
+               if any(m or u for c in runs for m, u in c)]
+        w(f"- Target: replays 2 to {REPLAYS} make no map or unmap call on every trace (one "
+          f"stream, default settings) — {verdict(not bad)}" +
+          (f" (maps / unmaps of the warm replays, first round: {'; '.join(bad)})."
+           if bad else "."))
+    by = {(r["trace"], r["streams"]): r for r in rows}
+    ratios = []
+    for (trace, n), r in by.items():
+        one = by.get((trace, 1))
+        if n == 4 and one:
+            mine = [x["ns_per_op"] for d in r["rounds"] for x in d.get("replays") or []]
+            base = [x["ns_per_op"] for d in one["rounds"] for x in d.get("replays") or []]
+            if mine and base and median(base) > 0:
+                ratios.append((trace, median(mine) / median(base),
+                               r["rounds"][0]["fragmentation_vs_requested"]))
+    if ratios:
+        worst = max(ratios, key=lambda x: x[1])
+        frag = max(ratios, key=lambda x: x[2])
+        w(f"- Target: 4 streams ≤ 2× the single-stream host cost per op (medians over every "
+          f"replay of the rounds) — {verdict(worst[1] <= 2)} (worst {worst[1]:.2f}× on "
+          f"{worst[0]}); fragmentation ≤ 1.05 with 4 streams — {verdict(frag[2] <= 1.05)} "
+          f"(highest {frag[2]:.3f}, {frag[0]}).")
 
 
 def _reruns_table(w, rows):
@@ -114,15 +163,30 @@ def traces(target, crit):
     if not measured:
         w("Not measured: no `traces.json` in the benches' output.")
     else:
-        w("ns per op:")
+        w(LEGEND + " Host times from the interleaved rounds of the traces bench (every round "
+          "builds each allocator fresh and replays the trace twice); where an allocator is "
+          "not in the rounds, criterion's mean of a cold replay.")
         w("")
-        w("| trace | ops | " + " | ".join(f"`{a}`" for a in ALLOCATORS) + " |")
-        w("|---|---:|" + "---:|" * len(ALLOCATORS))
         for t in measured:
-            w(f"| {t['trace']} | {t['ops']} | " + " | ".join(
-                fmt_ns(crit.get(("trace", a, t["trace"]))) for a in ALLOCATORS) + " |")
-        w("")
-        w("Peak reserved (MiB) and fragmentation:")
+            w(f"**{t['trace']}** ({t['ops']} ops, peak live "
+              f"{t['peak_live_requested'] / MIB:.0f} MiB):")
+            w("")
+            al = t["allocators"]
+            pc = t.get("paired_cold_ns_per_op") or {}
+            pw = t.get("paired_warm_ns_per_op") or {}
+            rows = []
+            for a in WITH_STREAMS:
+                if a not in al:
+                    continue
+                d = al[a]
+                rows.append((a, pc.get(a) or crit.get(("trace", a, t["trace"])), pw.get(a),
+                             d.get("cold_driver_calls"), d.get("warm_driver_calls"),
+                             d.get("cold_driver_ns_per_op"), d.get("warm_driver_ns_per_op"),
+                             d.get("peak_reserved"), d.get("warm_peak_reserved")))
+            allocator_table(w, rows, t["peak_live_requested"])
+            w("")
+        w("Peak reserved (MiB) and fragmentation after the cold replay, with the driver map / "
+          "unmap calls of soma's cold replay:")
         w("")
         _memory_table(w, measured)
     extra = load_json(target, "traces-extra")

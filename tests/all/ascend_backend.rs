@@ -9,8 +9,12 @@ use soma::ascend::{devices, Acl};
 use soma::{attr, Device, Error, MemPool, ReusePolicy};
 
 /// `libascendcl.so` built from `crates/soma-capi` (a dev-dependency, so cargo builds it into
-/// the same `deps/` directory as this test binary).
+/// the same `deps/` directory as this test binary). Its runtime, started by the first call,
+/// has two devices (for peer access); the other tests use the first.
 fn capi_library() -> PathBuf {
+    static TWO_DEVICES: std::sync::Once = std::sync::Once::new();
+    // Read by the library when its runtime starts, after this (every test loads it here).
+    TWO_DEVICES.call_once(|| std::env::set_var("SOMA_SIM_DEVICES", "2"));
     let exe = std::env::current_exe().expect("test binary path");
     let deps = exe.parent().expect("deps directory");
     for dir in [deps.to_path_buf(), deps.join("..")] {
@@ -374,4 +378,267 @@ fn foreign_work_on_the_raw_stream_delays_the_release_of_its_memory() {
     s.synchronize().unwrap();
     pool.trim_to(0).unwrap();
     assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0);
+}
+
+#[test]
+fn graph_capture_runs_on_the_ascend_backend() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use soma::hal::{CaptureErrorKind, DriverError};
+    use soma::{CaptureMode, CaptureStatus};
+
+    let _serial = serial();
+    let dev = device();
+    let (s, side) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let mut a = pool.alloc_async::<u8>(4096, &s).unwrap();
+    let mut b = pool.alloc_async::<u8>(4096, &s).unwrap();
+    s.memset(&mut a, 1).unwrap();
+    let enqueued = s.hal().enqueued();
+    let runs = Arc::new(AtomicU64::new(0));
+    let count = |runs: &Arc<AtomicU64>| {
+        let r = Arc::clone(runs);
+        move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let info = s.capture_info().unwrap();
+    assert_eq!(info.status, CaptureStatus::Active);
+    s.host_fn_replayable(count(&runs)).unwrap();
+    s.copy(&mut b, &a).unwrap();
+    s.memset(&mut a, 7).unwrap();
+    let fork = s.record_event().unwrap();
+    side.wait_event(&fork).unwrap();
+    drop(fork); // an event recorded in the capture goes without harming it
+    assert_eq!(side.capture_info().unwrap().capture, info.capture, "joined through the event");
+    side.host_fn_replayable(count(&runs)).unwrap();
+    let join = side.record_event().unwrap();
+    s.wait_event(&join).unwrap();
+    match s.host_fn(|| ()) {
+        Err(Error::Driver(DriverError::Capture { kind, .. })) => {
+            assert_eq!(kind, CaptureErrorKind::NotCapturable)
+        }
+        other => panic!("a run-once host function was not refused: {other:?}"),
+    }
+    let graph = s.end_capture().unwrap();
+    assert_eq!(graph.id(), info.capture.unwrap());
+    assert_eq!(graph.task_count(), 8);
+    assert_eq!(side.capture_info().unwrap().status, CaptureStatus::None);
+    assert_eq!(s.hal().enqueued(), enqueued, "captured tasks took no position");
+    s.synchronize().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    graph.launch(&s).unwrap();
+    let mut host = [0u8; 4096];
+    s.copy_to_host(&b, &mut host).unwrap();
+    assert_eq!(host, [1; 4096], "b copied a before the memset");
+    graph.launch(&s).unwrap();
+    s.copy_to_host(&b, &mut host).unwrap();
+    assert_eq!(host, [7; 4096]);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    drop(graph);
+
+    // Forbidden: synchronising the capturing stream invalidates the capture.
+    s.begin_capture(CaptureMode::Global).unwrap();
+    let kind = |e: Error| match e {
+        Error::Driver(DriverError::Capture { kind, .. }) => kind,
+        other => panic!("expected a capture error, got {other:?}"),
+    };
+    assert_eq!(kind(s.synchronize().unwrap_err()), CaptureErrorKind::StreamCaptured);
+    assert_eq!(s.capture_info().unwrap().status, CaptureStatus::Invalidated);
+    assert_eq!(kind(s.end_capture().unwrap_err()), CaptureErrorKind::Invalidated);
+    assert_eq!(dev.exchange_capture_mode(CaptureMode::Relaxed).unwrap(), CaptureMode::Global);
+    assert_eq!(dev.exchange_capture_mode(CaptureMode::Global).unwrap(), CaptureMode::Relaxed);
+    s.synchronize().unwrap();
+    drop((a, b, join));
+}
+
+/// `x` allocated and written on `s3`, written again on `s1` (a recorded use), freed on `s3`
+/// after `s3` waited for that use; `s1` then stays busy in a host function until the returned
+/// sender is dropped or sent to.
+fn free_after_a_use_on_a_stream_that_stays_busy(
+    pool: &MemPool<'_>,
+    s1: &soma::Stream<'_>,
+    s3: &soma::Stream<'_>,
+) -> std::sync::mpsc::Sender<()> {
+    let mut x = pool.alloc_async::<u8>(2 << 20, s3).unwrap();
+    s3.memset(&mut x, 1).unwrap();
+    s1.wait_stream(s3).unwrap();
+    s1.memset(&mut x, 3).unwrap();
+    s3.wait_stream(s1).unwrap();
+    drop(x);
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s1.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    open
+}
+
+/// The free on `s3` is ordered after the use on `s1` through events, so once `s3` has run it
+/// the use is complete although `s1` is still busy: `trim_to` releases the memory (the
+/// backend's check of unmaps against work in flight learns it from the event chain).
+#[test]
+fn trim_releases_memory_used_on_another_stream_that_is_still_busy() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let open = free_after_a_use_on_a_stream_that_stays_busy(&pool, &s1, &s3);
+    // The device has run s3's work; the host has not observed it.
+    while !s3.is_complete_unobserved().unwrap() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(pool.trim_to(0).unwrap(), 2 << 20, "the use on s1 completed before the free");
+    assert_eq!(pool.stats().reserved, 0);
+    drop(open);
+    s1.synchronize().unwrap();
+}
+
+/// With CANN's defaults (release threshold 0) the synchronisation of the freeing stream
+/// releases that memory, and no error is left behind for an unrelated later call.
+#[test]
+fn the_release_threshold_leaves_no_error_after_a_use_on_a_busy_stream() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).cann_defaults().build(&dev).unwrap();
+    let open = free_after_a_use_on_a_stream_that_stays_busy(&pool, &s1, &s3);
+    s3.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0, "released at the threshold");
+    drop(open);
+    s1.synchronize().unwrap();
+}
+
+/// A use the pool was not told of (a memset straight through the backend on another stream,
+/// not ordered before the free) keeps the memory mapped: the threshold at a synchronisation
+/// releases what it can, leaves no error behind for a later call, and releases the rest at a
+/// synchronisation after the use.
+#[test]
+fn the_release_threshold_keeps_memory_whose_last_use_is_running() {
+    let _serial = serial();
+    let dev = device();
+    let (s1, s3) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let pool = MemPool::builder().max_size(64 << 20).cann_defaults().build(&dev).unwrap();
+    let x = pool.alloc_async::<u8>(2 << 20, &s3).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s1.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    s1.hal().memset(x.device_ptr(), 0, 2 << 20).unwrap();
+    drop(x);
+    s3.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 2 << 20, "still in use on s1");
+    assert!(pool.trim_to(0).is_err(), "trim_to reports what the backend refused");
+    drop(open);
+    s1.synchronize().unwrap();
+    assert_eq!(pool.get::<attr::ReservedMemCurrent>().unwrap(), 0, "released after the use");
+}
+
+/// Dropping a pool whose free waits behind a busy stream returns at once; the device
+/// releases the memory at the synchronisation after the work (the backend's check of unmaps
+/// against work in flight never refuses it).
+#[test]
+fn a_dropped_pool_leaves_its_memory_to_the_device_until_the_work_completes() {
+    let _serial = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let before = dev.mem_info().unwrap().free;
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    s.host_fn(move || {
+        let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+    })
+    .unwrap();
+    let mut x = pool.alloc_async::<u8>(2 << 20, &s).unwrap();
+    s.memset(&mut x, 5).unwrap();
+    drop(x);
+    drop(pool);
+    assert!(dev.mem_info().unwrap().free < before, "held until the memset has run");
+    drop(open);
+    s.synchronize().unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, before);
+    dev.synchronize().unwrap(); // no error was left behind
+}
+
+#[test]
+fn peer_access_runs_on_the_ascend_backend() {
+    use soma::hal::{DeviceHal, DriverError};
+    let _serial = serial();
+    let path = capi_library();
+    // SAFETY: as in `device()`.
+    let acl = Arc::new(unsafe { Acl::open(&path) }.expect("load soma-capi"));
+    let mut ascend = devices(acl).unwrap().into_iter();
+    let (a0, a1) = (Arc::new(ascend.next().unwrap()), Arc::new(ascend.next().unwrap()));
+    let (d0, d1) = (Device::new(a0.clone()), Device::new(a1.clone()));
+    let (s0, s1) = (d0.create_stream().unwrap(), d1.create_stream().unwrap());
+    let (p0, p1) = (
+        MemPool::builder().max_size(16 << 20).build(&d0).unwrap(),
+        MemPool::builder().max_size(16 << 20).build(&d1).unwrap(),
+    );
+    let weights = p0.upload(&[5u32; 1024], &s0).unwrap();
+    let mut local = p1.alloc_zeros::<u32>(1024, &s1).unwrap();
+
+    // The backend itself refuses device 0's memory on device 1's stream without access.
+    let raw = s1.hal().copy_d2d(local.device_ptr(), weights.device_ptr(), 4096);
+    assert!(matches!(raw, Err(DriverError::InvalidAddress { .. })), "{raw:?}");
+    assert!(d1.can_access_peer(&d0).unwrap());
+    assert!(matches!(s1.copy(&mut local, &weights), Err(Error::PeerAccess(_))));
+
+    d1.enable_peer_access(&d0).unwrap();
+    assert!(a1.peer_access_enabled(&*a0) && !a0.peer_access_enabled(&*a1));
+    assert!(matches!(d1.enable_peer_access(&d0), Err(Error::PeerAccess(_))));
+    s1.copy(&mut local, &weights).unwrap();
+    // The free on device 0 waits for device 1's copy (an event of device 1 waited on there).
+    drop(weights);
+    assert_eq!(s1.download(&local).unwrap(), vec![5; 1024]);
+    s0.synchronize().unwrap();
+    assert!(p0.trim_to(0).unwrap() > 0, "the freed block went back once device 1's copy ran");
+
+    d1.disable_peer_access(&d0).unwrap();
+    assert!(!a1.peer_access_enabled(&*a0));
+    let other = p0.upload(&[1u32; 16], &s0).unwrap();
+    let before = s1.hal().enqueued();
+    let raw = s1.hal().copy_d2d(local.device_ptr(), other.device_ptr(), 64);
+    assert!(matches!(raw, Err(DriverError::InvalidAddress { .. })), "{raw:?}");
+    assert_eq!(s1.hal().enqueued(), before, "a refused copy enqueues nothing");
+}
+
+/// A shareable pool on the ascend backend: its segments are exported through
+/// `aclrtMemExportToShareableHandle` when an importer asks, the process id is
+/// `aclrtDeviceGetBareTgid`'s, and the calls refuse what CANN refuses.
+#[test]
+fn shareable_pools_run_on_the_ascend_backend() {
+    use soma::hal::{DriverError, ShareableHandle};
+    use soma::{HandleType, IpcErrorKind};
+    let _serial = serial();
+    let dev = device();
+    assert_eq!(dev.process_id().unwrap(), std::process::id() as i32);
+    let s = dev.create_stream().unwrap();
+    let pool =
+        MemPool::builder().handle_type(HandleType::Posix).max_size(64 << 20).build(&dev).unwrap();
+    let desc = pool.export().unwrap();
+    pool.allow_process(1).unwrap();
+    let a = pool.alloc_async::<u8>(4096, &s).unwrap();
+    let p = a.export_pointer().unwrap();
+    assert_eq!((p.pool_id(), p.byte_len()), (desc.pool_id(), 4096));
+    // SAFETY: refused: nothing is imported.
+    let own = unsafe { MemPool::import(&desc, &dev) }.unwrap_err();
+    assert!(matches!(own, Error::Ipc { kind: IpcErrorKind::SameProcess, .. }));
+    let hal = dev.hal();
+    let h = hal.alloc_physical(2 << 20).unwrap();
+    let shareable = hal.export_physical(h, true).unwrap();
+    assert!(hal.export_physical(h, true).is_err(), "one shareable handle per handle");
+    hal.allow_shareable_pids(shareable, &[1]).unwrap();
+    // SAFETY: refused: nothing is imported.
+    let unsized_import = unsafe { hal.import_physical(ShareableHandle(shareable.0), 0) };
+    assert!(matches!(unsized_import, Err(DriverError::InvalidValue(m)) if m.contains("size")));
+    // SAFETY: refused: nothing is imported.
+    let same = unsafe { hal.import_physical(shareable, 2 << 20) };
+    assert!(same.is_err(), "import and export only across processes");
+    hal.free_physical(h).unwrap();
+    drop(a);
 }

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 
 use soma::hal::DevicePtr;
 use soma::sim::Npu;
-use soma::{attr, DriverAlloc, Error, KernelArg, MemPool, PoolStats};
+use soma::{attr, BufferOwner, DriverAlloc, Error, KernelArg, MemPool, PoolStats};
 
 const MIB: u64 = 1 << 20;
 const POOL_MAX: u64 = 64 * MIB;
@@ -23,6 +23,7 @@ fn variant(result: &Result<(), Error>) -> &'static str {
         Err(Error::InvalidArgument(_)) => "InvalidArgument",
         Err(Error::InvalidConfig(_)) => "InvalidConfig",
         Err(Error::WrongDevice(_)) => "WrongDevice",
+        Err(Error::PeerAccess(_)) => "PeerAccess",
         Err(Error::OutOfMemory(_)) => "OutOfMemory",
         Err(Error::TooManyStreams { .. }) => "TooManyStreams",
         Err(Error::Driver(_)) => "Driver",
@@ -268,18 +269,18 @@ fn bad_input_matrix() {
             }),
         ),
         (
-            "`copy_from_host` into a buffer of another device",
-            "WrongDevice",
+            "`copy_from_host` into a buffer of a device without peer access",
+            "PeerAccess",
             Box::new(|| s.copy_from_host(&mut *on_foreign.borrow_mut(), &[1u32; 4])),
         ),
         (
-            "`memset` of a buffer of another device",
-            "WrongDevice",
+            "`memset` of a buffer of a device without peer access",
+            "PeerAccess",
             Box::new(|| s.memset(&mut *on_foreign.borrow_mut(), 0)),
         ),
         (
-            "`launch` with a buffer of another device",
-            "WrongDevice",
+            "`launch` with a buffer of a device without peer access",
+            "PeerAccess",
             Box::new(|| s.launch("k", &[KernelArg::read(&*on_foreign.borrow())], |_| Ok(()))),
         ),
         (
@@ -312,6 +313,52 @@ fn bad_input_matrix() {
             "`Npu::builder().devices(0)`",
             "Driver",
             Box::new(|| Npu::builder().devices(0).build().map(drop)),
+        ),
+        (
+            "`Npu::builder().devices(17)`",
+            "Driver",
+            Box::new(|| Npu::builder().devices(17).capacity(1 << 30).build().map(drop)),
+        ),
+        (
+            "`copy` from a buffer of a device without peer access",
+            "PeerAccess",
+            Box::new(|| s.copy(&mut *on_s.borrow_mut(), &*on_foreign.borrow())),
+        ),
+        (
+            "`record_use` on a stream of a device without peer access",
+            "PeerAccess",
+            Box::new(|| on_s.borrow().record_use(&foreign_stream)),
+        ),
+        (
+            "`can_access_peer(itself)`",
+            "PeerAccess",
+            Box::new(|| dev.can_access_peer(&dev).map(drop)),
+        ),
+        (
+            "`can_access_peer` to a device of another `Npu`",
+            "Ok",
+            Box::new(|| dev.can_access_peer(&other_npu_dev).map(|can| assert!(!can))),
+        ),
+        ("`enable_peer_access(itself)`", "PeerAccess", Box::new(|| dev.enable_peer_access(&dev))),
+        (
+            "`enable_peer_access` to a device of another `Npu`",
+            "PeerAccess",
+            Box::new(|| dev.enable_peer_access(&other_npu_dev)),
+        ),
+        (
+            "`disable_peer_access` not enabled",
+            "PeerAccess",
+            Box::new(|| dev.disable_peer_access(&other_dev)),
+        ),
+        (
+            "`enable_peer_access` already enabled",
+            "PeerAccess",
+            Box::new(|| {
+                dev.enable_peer_access(&other_dev)?;
+                let again = dev.enable_peer_access(&other_dev);
+                dev.disable_peer_access(&other_dev)?;
+                again
+            }),
         ),
     ];
 

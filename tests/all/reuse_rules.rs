@@ -424,3 +424,97 @@ fn a_use_on_the_next_stream_in_a_dropped_users_slot_orders_the_free() {
     wait_device_only(&s1);
     drop(tmp);
 }
+
+/// Each allocation tells which rule served it, as the history records it, whether the
+/// handle is borrowed or owned and whether the free ring or the engine handed the block out.
+#[test]
+fn each_allocation_tells_the_rule_that_served_it() {
+    use soma::ReuseKind;
+    // Whole granules: no never-used tail shares a block with a free.
+    const GRANULE: usize = 2 * MIB;
+    for history in [0, 64] {
+        let npu = npu();
+        let dev = device_of(&npu);
+        let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let pool = MemPool::builder()
+            .max_size(256 << 20)
+            .reuse(ReusePolicy::NONE)
+            .history(history)
+            .build(&dev)
+            .unwrap();
+        let mut kinds = Vec::new();
+        let mut served = |a: &soma::PoolAlloc<'_, u8>| kinds.push(a.reuse_kind());
+        let gate = Gate::close(&s1);
+        let a = pool.alloc_async::<u8>(GRANULE, &s1).unwrap();
+        served(&a);
+        drop(a);
+        // Same stream and size: the free ring's only free when the pool has a ring.
+        let b = pool.alloc_async::<u8>(GRANULE, &s1).unwrap();
+        served(&b);
+        drop(b);
+        // A pool keeps a ring unless it records (a history, the sanitizer's annotations).
+        if let Some((_, consumed)) = pool.free_ring_tickets() {
+            assert_eq!(consumed, 1, "the ring handed the block back");
+        }
+        // Another stream, ordered after the free through an event.
+        pool.set_reuse_policy(ReusePolicy::NONE.follow_event_dependencies(true));
+        s2.wait_event(&s1.record_event().unwrap()).unwrap();
+        let c = pool.alloc_async::<u8>(GRANULE, &s2).unwrap();
+        served(&c);
+        drop(c);
+        // The pool inserts the dependency.
+        pool.set_reuse_policy(ReusePolicy::NONE.internal_dependencies(true));
+        let d = pool.alloc_async::<u8>(GRANULE, &s1).unwrap();
+        served(&d);
+        drop(d);
+        gate.open();
+        // The free completed on the device, the host has not seen it.
+        wait_device_only(&s1);
+        pool.set_reuse_policy(ReusePolicy::NONE.opportunistic(true));
+        let e = pool.alloc_async::<u8>(GRANULE, &s2).unwrap();
+        served(&e);
+        drop(e);
+        // The host observed it.
+        s2.synchronize().unwrap();
+        pool.set_reuse_policy(ReusePolicy::NONE);
+        let f = pool.alloc_async::<u8>(GRANULE, &s1).unwrap();
+        served(&f);
+        drop(f);
+        assert_eq!(
+            kinds,
+            [
+                None,
+                Some(ReuseKind::SameStream),
+                Some(ReuseKind::EventDependency),
+                Some(ReuseKind::InternalDependency),
+                Some(ReuseKind::Opportunistic),
+                Some(ReuseKind::HostSynchronized),
+            ],
+            "history {history}"
+        );
+        if history > 0 {
+            let (records, _) = pool.history();
+            let recorded: Vec<_> = records
+                .iter()
+                .filter(|r| r.kind == soma::observe::RecordKind::Alloc)
+                .map(|r| r.reuse)
+                .collect();
+            assert_eq!(recorded, kinds, "the history agrees");
+        }
+    }
+}
+
+/// An owned allocation tells its rule as a borrowed one does.
+#[test]
+fn owned_allocations_tell_the_rule_that_served_them() {
+    use soma::ReuseKind;
+    let npu = npu();
+    let dev = device_of(&npu);
+    let s = dev.create_owned_stream().unwrap();
+    let pool = MemPool::builder().max_size(64 << 20).build_owned(&dev).unwrap();
+    let a = pool.alloc_async::<u32>(1024, &s).unwrap();
+    assert_eq!(a.reuse_kind(), None);
+    drop(a);
+    let b = pool.alloc_async::<u32>(1024, &s).unwrap();
+    assert_eq!(b.reuse_kind(), Some(ReuseKind::SameStream));
+}

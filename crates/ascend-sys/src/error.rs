@@ -44,9 +44,34 @@ impl AclError {
     pub const ERROR_RT_FEATURE_NOT_SUPPORT: Self = Self(207_000);
     /// `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001): out of device memory.
     pub const ERROR_RT_MEMORY_ALLOCATION: Self = Self(207_001);
+    /// `ACL_ERROR_RT_WAIT_TIMEOUT` (107019): a wait timed out (`aclmdlRIExecute`).
+    pub const ERROR_RT_WAIT_TIMEOUT: Self = Self(107_019);
+    /// `ACL_ERROR_RT_CAPTURE_DEPENDENCY` (107024): a dependency a capture cannot hold.
+    pub const ERROR_RT_CAPTURE_DEPENDENCY: Self = Self(107_024);
+    /// `ACL_ERROR_RT_STREAM_UNJOINED` (107025): streams that joined a capture did not rejoin
+    /// its origin stream.
+    pub const ERROR_RT_STREAM_UNJOINED: Self = Self(107_025);
+    /// `ACL_ERROR_RT_MODEL_CAPTURED` (107026): the model runtime instance is still capturing.
+    pub const ERROR_RT_MODEL_CAPTURED: Self = Self(107_026);
+    /// `ACL_ERROR_RT_STREAM_CAPTURED` (107027): the stream is capturing.
+    pub const ERROR_RT_STREAM_CAPTURED: Self = Self(107_027);
+    /// `ACL_ERROR_RT_EVENT_CAPTURED` (107028): the event's latest record was captured.
+    pub const ERROR_RT_EVENT_CAPTURED: Self = Self(107_028);
+    /// `ACL_ERROR_RT_STREAM_NOT_CAPTURED` (107029): the stream is not capturing.
+    pub const ERROR_RT_STREAM_NOT_CAPTURED: Self = Self(107_029);
+    /// `ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT` (107030): not allowed while capturing.
+    pub const ERROR_RT_CAPTURE_MODE_NOT_SUPPORT: Self = Self(107_030);
+    /// `ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT` (107031): the default stream used while a
+    /// capture is active.
+    pub const ERROR_RT_STREAM_CAPTURE_IMPLICIT: Self = Self(107_031);
+    /// `ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED` (107036): the capture was not begun on this
+    /// stream (or thread).
+    pub const ERROR_RT_STREAM_CAPTURE_UNMATCHED: Self = Self(107_036);
+    /// `ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED` (507903): the capture was invalidated.
+    pub const ERROR_RT_STREAM_CAPTURE_INVALIDATED: Self = Self(507_903);
 
     /// Every named code, with its CANN name.
-    pub const KNOWN: [(Self, &'static str); 10] = [
+    pub const KNOWN: [(Self, &'static str); 21] = [
         (Self::SUCCESS, "ACL_SUCCESS"),
         (Self::ERROR_INVALID_PARAM, "ACL_ERROR_INVALID_PARAM"),
         (Self::ERROR_UNINITIALIZE, "ACL_ERROR_UNINITIALIZE"),
@@ -57,6 +82,17 @@ impl AclError {
         (Self::ERROR_RT_INVALID_HANDLE, "ACL_ERROR_RT_INVALID_HANDLE"),
         (Self::ERROR_RT_FEATURE_NOT_SUPPORT, "ACL_ERROR_RT_FEATURE_NOT_SUPPORT"),
         (Self::ERROR_RT_MEMORY_ALLOCATION, "ACL_ERROR_RT_MEMORY_ALLOCATION"),
+        (Self::ERROR_RT_WAIT_TIMEOUT, "ACL_ERROR_RT_WAIT_TIMEOUT"),
+        (Self::ERROR_RT_CAPTURE_DEPENDENCY, "ACL_ERROR_RT_CAPTURE_DEPENDENCY"),
+        (Self::ERROR_RT_STREAM_UNJOINED, "ACL_ERROR_RT_STREAM_UNJOINED"),
+        (Self::ERROR_RT_MODEL_CAPTURED, "ACL_ERROR_RT_MODEL_CAPTURED"),
+        (Self::ERROR_RT_STREAM_CAPTURED, "ACL_ERROR_RT_STREAM_CAPTURED"),
+        (Self::ERROR_RT_EVENT_CAPTURED, "ACL_ERROR_RT_EVENT_CAPTURED"),
+        (Self::ERROR_RT_STREAM_NOT_CAPTURED, "ACL_ERROR_RT_STREAM_NOT_CAPTURED"),
+        (Self::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, "ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT"),
+        (Self::ERROR_RT_STREAM_CAPTURE_IMPLICIT, "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT"),
+        (Self::ERROR_RT_STREAM_CAPTURE_UNMATCHED, "ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED"),
+        (Self::ERROR_RT_STREAM_CAPTURE_INVALIDATED, "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED"),
     ];
 
     /// The raw code.

@@ -15,8 +15,8 @@
 //! | [`LoadError`] | library not found (every path tried, with reasons) or symbol missing (its name) |
 //! | [`AclError`] (= [`aclError`]) | the `#[must_use]` status newtype: named codes, `Display`, [`AclError::result`] |
 //! | [`AclLib`] | the generated function table (bindgen's dynamic-loading output) |
-//! | types: [`aclrtStream`], [`aclrtEvent`], [`aclrtContext`], [`aclrtMemPool`], [`aclrtDrvMemHandle`], [`aclrtHostFunc`] | opaque handles and the host function pointer type |
-//! | enums: [`aclrtMemcpyKind`], [`aclrtMemMallocPolicy`], [`aclrtStreamStatus`], [`aclrtEventRecordedStatus`], [`aclrtMemAttr`], [`aclrtMemLocationType`], [`aclrtMemAllocationType`], [`aclrtMemHandleType`], [`aclrtMemGranularityOptions`], [`aclrtMemPoolAttr`] | `#[repr(transparent)]` newtypes with the C enumerators as associated constants (`aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE`); any value the driver returns is representable |
+//! | types: [`aclrtStream`], [`aclrtEvent`], [`aclrtContext`], [`aclrtMemPool`], [`aclrtDrvMemHandle`], [`aclmdlRI`], [`aclrtHostFunc`] | opaque handles and the host function pointer type |
+//! | enums: [`aclrtMemcpyKind`], [`aclrtMemMallocPolicy`], [`aclrtStreamStatus`], [`aclrtEventRecordedStatus`], [`aclrtMemAttr`], [`aclrtMemLocationType`], [`aclrtMemAllocationType`], [`aclrtMemHandleType`], [`aclrtMemGranularityOptions`], [`aclrtMemPoolAttr`], [`aclmdlRICaptureMode`], [`aclmdlRICaptureStatus`] | `#[repr(transparent)]` newtypes with the C enumerators as associated constants (`aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE`); any value the driver returns is representable |
 //! | structs: [`aclrtMemLocation`], [`aclrtPhysicalMemProp`], [`aclrtMemPoolProps`] | `#[repr(C)]`, `Default` = all zero bytes |
 //! | constants [`ACL_SUCCESS`], `ACL_ERROR_*` | the error codes as C `int`s, as the headers declare them |
 //! | [`FUNCTIONS`] | the name of every function of the subset |

@@ -65,7 +65,7 @@ fn function_list_matches_the_generated_table() {
     sorted.sort_unstable();
     sorted.dedup();
     assert_eq!(sorted.len(), FUNCTIONS.len());
-    assert_eq!(FUNCTIONS.len(), 46);
+    assert_eq!(FUNCTIONS.len(), 60);
 }
 
 // ---- layouts (C rules, LP64: x86_64 and aarch64 Linux) -------------------------------------
@@ -116,6 +116,8 @@ fn enums_and_handles_have_c_sizes() {
     assert_eq!(size_of::<aclError>(), size_of::<std::os::raw::c_int>());
     assert_eq!(align_of::<aclError>(), align_of::<std::os::raw::c_int>());
     assert_eq!(size_of::<aclrtStream>(), 8);
+    assert_eq!(size_of::<aclmdlRI>(), 8);
+    assert_eq!(size_of::<aclmdlRICaptureMode>(), 4);
     assert_eq!(size_of::<aclrtHostFunc>(), 8); // Option<fn> uses the null niche
 }
 
@@ -141,6 +143,9 @@ fn enumerator_values_match_the_subset() {
     assert_eq!(aclrtMemHandleType::ACL_MEM_HANDLE_TYPE_POSIX.0, 2);
     assert_eq!(aclrtMemPoolAttr::ACL_RT_MEM_POOL_ATTR_USED_MEM_HIGH.0, 8);
     assert_eq!(aclrtMemGranularityOptions::ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF.0, 0xFFFF);
+    assert_eq!(aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL.0, 1);
+    assert_eq!(aclmdlRICaptureMode::ACL_MODEL_RI_CAPTURE_MODE_RELAXED.0, 2);
+    assert_eq!(aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED.0, 2);
     // An unknown value coming back from a driver is representable.
     let odd = aclrtStreamStatus(42);
     assert_ne!(odd, aclrtStreamStatus::ACL_STREAM_STATUS_COMPLETE);
@@ -161,6 +166,17 @@ fn error_constants_match_the_header_constants() {
         (AclError::ERROR_RT_INVALID_HANDLE, ACL_ERROR_RT_INVALID_HANDLE),
         (AclError::ERROR_RT_FEATURE_NOT_SUPPORT, ACL_ERROR_RT_FEATURE_NOT_SUPPORT),
         (AclError::ERROR_RT_MEMORY_ALLOCATION, ACL_ERROR_RT_MEMORY_ALLOCATION),
+        (AclError::ERROR_RT_WAIT_TIMEOUT, ACL_ERROR_RT_WAIT_TIMEOUT),
+        (AclError::ERROR_RT_CAPTURE_DEPENDENCY, ACL_ERROR_RT_CAPTURE_DEPENDENCY),
+        (AclError::ERROR_RT_STREAM_UNJOINED, ACL_ERROR_RT_STREAM_UNJOINED),
+        (AclError::ERROR_RT_MODEL_CAPTURED, ACL_ERROR_RT_MODEL_CAPTURED),
+        (AclError::ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CAPTURED),
+        (AclError::ERROR_RT_EVENT_CAPTURED, ACL_ERROR_RT_EVENT_CAPTURED),
+        (AclError::ERROR_RT_STREAM_NOT_CAPTURED, ACL_ERROR_RT_STREAM_NOT_CAPTURED),
+        (AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT),
+        (AclError::ERROR_RT_STREAM_CAPTURE_IMPLICIT, ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT),
+        (AclError::ERROR_RT_STREAM_CAPTURE_UNMATCHED, ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED),
+        (AclError::ERROR_RT_STREAM_CAPTURE_INVALIDATED, ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED),
     ];
     assert_eq!(pairs.len(), AclError::KNOWN.len());
     for (e, c) in pairs {

@@ -6,7 +6,7 @@ use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ascend_sys::{aclError, AclError};
-use soma_core::hal::DriverError;
+use soma_core::hal::{CaptureErrorKind, DriverError};
 
 /// `ACL_ERROR_RT_INTERNAL_ERROR` (507899): CANN's code for an internal runtime error, outside
 /// the subset (`acl_base.h` declares it, as CANN's does); returned for a failed device task, an
@@ -51,11 +51,13 @@ impl AclErr {
 
 /// Maps a backend error: out of memory → `ACL_ERROR_RT_MEMORY_ALLOCATION`; an address or value
 /// the device rejects → `ACL_ERROR_RT_PARAM_INVALID`; an unknown handle →
-/// `ACL_ERROR_RT_INVALID_HANDLE`; unsupported → `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`; a failed
-/// task, an injected fault or a native code → `ACL_ERROR_RT_INTERNAL_ERROR` (507899).
+/// `ACL_ERROR_RT_INVALID_HANDLE`; unsupported → `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`; a broken
+/// capture rule → the capture status its kind names ([`capture_code`]); a failed task, an
+/// injected fault or a native code → `ACL_ERROR_RT_INTERNAL_ERROR` (507899).
 impl From<DriverError> for AclErr {
     fn from(e: DriverError) -> Self {
         let code = match &e {
+            DriverError::Capture { kind, .. } => capture_code(*kind),
             DriverError::OutOfMemory { .. } => AclError::ERROR_RT_MEMORY_ALLOCATION,
             DriverError::InvalidAddress { .. } | DriverError::InvalidValue(_) => {
                 AclError::ERROR_RT_PARAM_INVALID
@@ -65,6 +67,21 @@ impl From<DriverError> for AclErr {
             _ => ACL_ERROR_RT_INTERNAL_ERROR,
         };
         AclErr::new(code, e.to_string())
+    }
+}
+
+/// The CANN status of a capture rule.
+fn capture_code(kind: CaptureErrorKind) -> aclError {
+    match kind {
+        CaptureErrorKind::StreamCaptured => AclError::ERROR_RT_STREAM_CAPTURED,
+        CaptureErrorKind::EventCaptured => AclError::ERROR_RT_EVENT_CAPTURED,
+        CaptureErrorKind::NotCapturable => AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT,
+        CaptureErrorKind::NotCapturing => AclError::ERROR_RT_STREAM_NOT_CAPTURED,
+        CaptureErrorKind::Unmatched => AclError::ERROR_RT_STREAM_CAPTURE_UNMATCHED,
+        CaptureErrorKind::Unjoined => AclError::ERROR_RT_STREAM_UNJOINED,
+        CaptureErrorKind::Dependency => AclError::ERROR_RT_CAPTURE_DEPENDENCY,
+        CaptureErrorKind::Invalidated => AclError::ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+        _ => ACL_ERROR_RT_INTERNAL_ERROR,
     }
 }
 

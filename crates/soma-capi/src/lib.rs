@@ -53,7 +53,10 @@
 
 mod device;
 mod error;
+mod ipc;
 mod memory;
+mod model;
+mod peer;
 mod pool;
 mod runtime;
 mod stream;
@@ -61,7 +64,10 @@ mod vmm;
 
 pub use device::*;
 pub use error::ACL_ERROR_RT_INTERNAL_ERROR;
+pub use ipc::*;
 pub use memory::*;
+pub use model::*;
+pub use peer::*;
 pub use pool::*;
 pub use stream::*;
 pub use vmm::*;

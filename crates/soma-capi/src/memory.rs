@@ -7,7 +7,7 @@ use ascend_sys::{aclError, aclrtMemAttr, aclrtMemMallocPolicy, aclrtMemcpyKind, 
 use soma_core::hal::{DevicePtr, MemRef};
 
 use crate::error::{guard, AclErr, AclResult};
-use crate::runtime::{out_ptr, rt, write_out, MallocRec, Runtime, StreamObj};
+use crate::runtime::{out_ptr, rt, write_out, DevEntry, MallocRec, Runtime, StreamObj};
 
 /// Alignment of `aclrtMallocHost` blocks (a host page).
 const HOST_ALIGN: usize = 4096;
@@ -144,10 +144,23 @@ enum Kind {
     D2D,
 }
 
-/// A validated copy: its kind and the device of its device end(s).
+/// A validated copy: its kind and the devices of its device ends.
 struct Copy {
     kind: Kind,
-    dev: Option<u32>,
+    dst: Option<u32>,
+    src: Option<u32>,
+}
+
+impl Copy {
+    /// The device that runs a synchronous copy: the device of its device end(s), or, between
+    /// two devices, the current device (which needs access to each end it does not own).
+    fn runner(&self, rt: &'static Runtime) -> Option<&'static DevEntry> {
+        match (self.dst, self.src) {
+            (Some(a), Some(b)) if a != b => Some(rt.current()),
+            (Some(d), _) | (None, Some(d)) => Some(rt.dev(d)),
+            (None, None) => None,
+        }
+    }
 }
 
 fn kind_name(kind: aclrtMemcpyKind) -> &'static str {
@@ -217,14 +230,7 @@ fn check_copy(
             at(sloc)
         )));
     }
-    if let (Some(a), Some(b)) = (dloc, sloc) {
-        if a != b {
-            return Err(AclErr::param(format!(
-                "copies between devices are not supported (dst on device {a}, src on device {b})"
-            )));
-        }
-    }
-    Ok(Some(Copy { kind: asked, dev: dloc.or(sloc) }))
+    Ok(Some(Copy { kind: asked, dst: dloc, src: sloc }))
 }
 
 fn mem_ref(p: *const c_void, device: bool) -> MemRef {
@@ -252,19 +258,21 @@ pub unsafe extern "C" fn aclrtMemcpy(
     guard("aclrtMemcpy", || {
         let rt = rt()?;
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
-        match (c.kind, c.dev) {
+        match (c.kind, c.runner(rt)) {
             (Kind::H2H, _) | (_, None) => {
+                rt.current().check_unsafe_call("aclrtMemcpy")?;
                 // SAFETY: the caller guarantees both host ranges are valid; `copy` allows
                 // overlap.
                 unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
                 Ok(())
             }
-            (k, Some(d)) => {
+            (k, Some(dev)) => {
+                check_access(rt, dev, &[c.dst, c.src])?;
                 let d_ref = mem_ref(dst, matches!(k, Kind::H2D | Kind::D2D));
                 let s_ref = mem_ref(src, matches!(k, Kind::D2H | Kind::D2D));
                 // SAFETY: the caller guarantees the host end is valid for `count` bytes for
                 // the duration of this synchronous call; device ends are checked by the device.
-                Ok(unsafe { rt.dev(d).hal().copy_sync(d_ref, s_ref, count as u64) }?)
+                Ok(unsafe { dev.hal().copy_sync(d_ref, s_ref, count as u64) }?)
             }
         }
     })
@@ -279,7 +287,8 @@ fn in_host_block(rt: &Runtime, addr: usize, count: usize) -> bool {
         .is_some_and(|(&start, &len)| addr.checked_add(count).is_some_and(|end| end <= start + len))
 }
 
-/// A memset of `aclrtMallocHost` memory run on a stream's worker.
+/// A memset of `aclrtMallocHost` memory run on a stream's worker (at every launch, when
+/// captured).
 struct HostMemset {
     dst: *mut u8,
     value: u8,
@@ -287,18 +296,23 @@ struct HostMemset {
 }
 
 // SAFETY: the address is only used by the memset task; the C caller keeps the block alive and
-// untouched until it completes (the contract of every asynchronous call on host memory).
+// untouched until it completes (the contract of every asynchronous call on host memory; until
+// the model is destroyed when the memset was captured).
 unsafe impl Send for HostMemset {}
+// SAFETY: as above; the task only writes through the address when it runs, and the runs of a
+// captured task are ordered (each launch after the previous one on its stream, or the caller
+// keeps concurrent launches apart, as for any memory a model writes).
+unsafe impl Sync for HostMemset {}
 
 impl HostMemset {
-    fn run(self) {
+    fn run(&self) {
         // SAFETY: see the `Send` impl: the range lay inside a live aclrtMallocHost block when
         // the task was enqueued, and stays valid until the task completes.
         unsafe { std::ptr::write_bytes(self.dst, self.value, self.len) }
     }
 }
 
-/// A host-to-host copy run on a stream's worker.
+/// A host-to-host copy run on a stream's worker (at every launch, when captured).
 struct HostCopy {
     dst: *mut u8,
     src: *const u8,
@@ -306,25 +320,68 @@ struct HostCopy {
 }
 
 // SAFETY: the addresses are only used by the copy task; the C caller guarantees they stay
-// valid until it completes (the documented contract of aclrtMemcpyAsync).
+// valid until it completes (the documented contract of aclrtMemcpyAsync; until the model is
+// destroyed when the copy was captured).
 unsafe impl Send for HostCopy {}
+// SAFETY: as for `HostMemset`: the task only uses the addresses when it runs.
+unsafe impl Sync for HostCopy {}
 
 impl HostCopy {
-    fn run(self) {
+    fn run(&self) {
         // SAFETY: see the `Send` impl: both ranges are valid for `len` bytes until the task
         // completes.
         unsafe { std::ptr::copy(self.src, self.dst, self.len) }
     }
 }
 
-fn check_stream_device(s: &StreamObj, dev: Option<u32>) -> AclResult {
-    match dev {
-        Some(d) if d != s.dev => Err(AclErr::param(format!(
-            "the memory belongs to device {d} and the stream to device {}",
-            s.dev
-        ))),
-        _ => Ok(()),
+/// Checks that `dev` may use the memory of every device in `ends`: its own, or a peer's it
+/// has access to (`aclrtDeviceEnablePeerAccess`).
+fn check_access(rt: &'static Runtime, dev: &DevEntry, ends: &[Option<u32>]) -> AclResult {
+    for &d in ends.iter().flatten() {
+        if !dev.device.has_peer_access(&rt.dev(d).device) {
+            return Err(AclErr::param(format!(
+                "the memory belongs to device {d} and the work runs on device {}, without peer \
+                 access from device {} to device {d} (aclrtDeviceEnablePeerAccess)",
+                dev.index, dev.index
+            )));
+        }
     }
+    Ok(())
+}
+
+/// [`check_access`] for work on stream `s`.
+fn check_stream_access(rt: &'static Runtime, s: &StreamObj, ends: &[Option<u32>]) -> AclResult {
+    check_access(rt, rt.dev(s.dev), ends)
+}
+
+/// The host ends of an asynchronous copy: on a capturing stream they must be host memory from
+/// `aclrtMallocHost` (the copy runs again at every launch); elsewhere pageable host memory
+/// makes the copy an unsafe call, which the active captures' modes may forbid.
+fn check_host_ends(
+    rt: &'static Runtime,
+    s: &StreamObj,
+    c: &Copy,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+) -> AclResult {
+    let host_ends = match c.kind {
+        Kind::H2H => [Some(dst as usize), Some(src as usize)],
+        Kind::H2D => [Some(src as usize), None],
+        Kind::D2H => [Some(dst as usize), None],
+        Kind::D2D => return Ok(()),
+    };
+    let pageable = host_ends.iter().flatten().any(|&a| !in_host_block(rt, a, count));
+    if !pageable {
+        return Ok(());
+    }
+    if s.stream.capture_info()?.capture.is_some() {
+        return Err(AclErr::new(
+            ascend_sys::AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT,
+            "a captured copy's host memory must come from aclrtMallocHost",
+        ));
+    }
+    rt.dev(s.dev).check_unsafe_call("aclrtMemcpyAsync of pageable host memory")
 }
 
 /// Stream-ordered copy of `count` bytes on `stream` (null: the default stream).
@@ -344,12 +401,13 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
         let rt = rt()?;
         let s = rt.stream(stream)?;
         let Some(c) = check_copy(rt, dst, destMax, src, count, kind)? else { return Ok(()) };
-        check_stream_device(&s, c.dev)?;
+        check_stream_access(rt, &s, &[c.dst, c.src])?;
+        check_host_ends(rt, &s, &c, dst, src, count)?;
         let hal = s.stream.hal();
         match c.kind {
             Kind::H2H => {
                 let task = HostCopy { dst: dst.cast(), src: src.cast(), len: count };
-                Ok(s.stream.host_fn(move || task.run())?)
+                Ok(s.stream.host_fn_replayable(move || task.run())?)
             }
             Kind::D2D => {
                 let (MemRef::Device(d), MemRef::Device(sr)) =
@@ -397,6 +455,8 @@ pub extern "C" fn aclrtMemset(
         let rt = rt()?;
         let addr = devPtr as usize;
         if in_host_block(rt, addr, count) {
+            // Device memsets check themselves in the device; this one never reaches it.
+            rt.current().check_unsafe_call("aclrtMemset")?;
             // SAFETY: the range lies inside a live aclrtMallocHost block.
             unsafe { std::ptr::write_bytes(devPtr.cast::<u8>(), value as u8, count) };
             return Ok(());
@@ -429,14 +489,14 @@ pub extern "C" fn aclrtMemsetAsync(
         }
         if in_host_block(rt, devPtr as usize, count) {
             let task = HostMemset { dst: devPtr.cast(), value: value as u8, len: count };
-            return Ok(s.stream.host_fn(move || task.run())?);
+            return Ok(s.stream.host_fn_replayable(move || task.run())?);
         }
         let dev = rt.mem.lock().device_of(devPtr as u64).ok_or_else(|| {
             AclErr::param(format!(
                 "{devPtr:p} is neither device memory nor host memory from aclrtMallocHost"
             ))
         })?;
-        check_stream_device(&s, Some(dev))?;
+        check_stream_access(rt, &s, &[Some(dev)])?;
         let p = device_ptr(devPtr as u64, "devPtr")?;
         Ok(s.stream.hal().memset(p, value as u8, count as u64)?)
     })

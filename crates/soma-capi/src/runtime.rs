@@ -10,9 +10,10 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use soma_core::hal::{DeviceHal, PhysicalHandle};
 use soma_core::{Device, Event, MemPool, Stream};
-use soma_sim::{LatencyModel, Npu, Product};
+use soma_sim::{LatencyModel, Npu, Product, SimDevice};
 
 use crate::error::{AclErr, AclResult};
+use crate::model::ModelObj;
 
 /// Configuration read once, from the environment, when the runtime starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +53,7 @@ fn parse_product(s: &str) -> Option<Product> {
 }
 
 impl Config {
-    /// Reads `SOMA_SIM_DEVICES` (1–64, default 1), `SOMA_SIM_CAPACITY` (bytes per device,
+    /// Reads `SOMA_SIM_DEVICES` (1–16, default 1), `SOMA_SIM_CAPACITY` (bytes per device,
     /// suffixes K/M/G/T or KiB/MiB/GiB/TiB, default 64 GiB), `SOMA_SIM_PRODUCT` (`atlas-a2`,
     /// the default, or `atlas-300i-duo`) and `SOMA_SIM_LATENCY` (`none`, the default, or
     /// `ascend`).
@@ -61,8 +62,9 @@ impl Config {
         let devices = match var("SOMA_SIM_DEVICES") {
             None => 1,
             Some(v) => {
-                v.trim().parse::<u32>().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
-                    format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to 64")
+                let max = soma_sim::MAX_DEVICES;
+                v.trim().parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| {
+                    format!("SOMA_SIM_DEVICES={v:?}: expected a number from 1 to {max}")
                 })?
             }
         };
@@ -99,6 +101,23 @@ pub(crate) struct DevEntry {
 impl DevEntry {
     pub(crate) fn hal(&self) -> &Arc<dyn DeviceHal> {
         self.device.hal()
+    }
+
+    /// The software NPU device behind this entry.
+    pub(crate) fn sim(&self) -> AclResult<&SimDevice> {
+        self.hal().as_any().downcast_ref::<SimDevice>().ok_or_else(|| {
+            AclErr::new(
+                crate::error::ACL_ERROR_RT_INTERNAL_ERROR,
+                "the device is not a software NPU device",
+            )
+        })
+    }
+
+    /// Checks an unsafe call (`what`: a synchronous copy or memset, an asynchronous copy of
+    /// pageable host memory) against the device's active captures and the thread's capture
+    /// mode; a forbidden call invalidates the captures that forbid it.
+    pub(crate) fn check_unsafe_call(&self, what: &str) -> AclResult {
+        Ok(self.sim()?.check_unsafe_call(what)?)
     }
 
     pub(crate) fn granularity(&self) -> u64 {
@@ -258,7 +277,7 @@ impl MemIndex {
     /// The device whose memory region contains `addr`, if any.
     pub(crate) fn device_of(&self, addr: u64) -> Option<u32> {
         self.hulls.iter().position(|h| h.is_some_and(|(lo, hi)| addr >= lo && addr < hi)).map(|i| {
-            // At most 64 devices: the index fits.
+            // At most 16 devices: the index fits.
             i as u32
         })
     }
@@ -280,6 +299,9 @@ pub(crate) struct Runtime {
     pub(crate) contexts: Registry<ContextObj>,
     pub(crate) pools: Registry<PoolObj>,
     pub(crate) physical: Registry<PhysObj>,
+    pub(crate) models: Registry<ModelObj>,
+    /// The model handle of every capture that has not ended: capture id → handle.
+    pub(crate) capture_models: Mutex<HashMap<u64, usize>>,
     pub(crate) mem: Mutex<MemIndex>,
     /// `aclrtMallocHost` blocks: address → size.
     pub(crate) host: Mutex<BTreeMap<usize, usize>>,
@@ -318,6 +340,8 @@ impl Runtime {
             contexts: Registry::new("context"),
             pools: Registry::new("memory pool"),
             physical: Registry::new("physical memory"),
+            models: Registry::new("model runtime instance"),
+            capture_models: Mutex::new(HashMap::new()),
             mem: Mutex::new(MemIndex::default()),
             host: Mutex::new(BTreeMap::new()),
             initialized: AtomicBool::new(false),
@@ -356,10 +380,22 @@ impl Runtime {
         Ok(s)
     }
 
-    /// The stream behind a C handle: null → the current device's default stream.
+    /// The stream behind a C handle: null → the current device's default stream, which may
+    /// not be used while a capture is active on the device (`ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT`).
     pub(crate) fn stream(&'static self, h: *mut c_void) -> AclResult<Arc<StreamObj>> {
         if h.is_null() {
-            self.default_stream(self.current())
+            let dev = self.current();
+            let active = dev.sim()?.active_captures();
+            if active > 0 {
+                return Err(AclErr::new(
+                    ascend_sys::AclError::ERROR_RT_STREAM_CAPTURE_IMPLICIT,
+                    format!(
+                        "the default stream (null) cannot be used while {active} capture(s) are                          active on device {}",
+                        dev.index
+                    ),
+                ));
+            }
+            self.default_stream(dev)
         } else {
             self.streams.get(h)
         }

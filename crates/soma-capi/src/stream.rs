@@ -7,7 +7,7 @@ use ascend_sys::{
 };
 
 use crate::error::{guard, AclErr};
-use crate::runtime::{out_ptr, rt, write_out, EventObj, StreamObj};
+use crate::runtime::{out_ptr, rt, write_out, EventObj, Runtime, StreamObj};
 
 /// Creates a stream on the calling thread's current device.
 ///
@@ -120,9 +120,24 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -
         let rt = rt()?;
         let e = rt.events.get(event)?;
         let s = rt.stream(stream)?;
-        check_same_device(&s, &e)?;
+        check_linked(rt, &s, &e)?;
         Ok(s.stream.wait_event(&e.event)?)
     })
+}
+
+/// A stream may wait on an event of its device, or of a device linked to it by peer access
+/// (in either direction).
+fn check_linked(rt: &'static Runtime, s: &StreamObj, e: &EventObj) -> Result<(), AclErr> {
+    let (a, b) = (&rt.dev(s.dev).device, &rt.dev(e.dev).device);
+    if a.has_peer_access(b) || b.has_peer_access(a) {
+        Ok(())
+    } else {
+        Err(AclErr::param(format!(
+            "the event belongs to device {} and the stream to device {}, without peer access \
+             between them",
+            e.dev, s.dev
+        )))
+    }
 }
 
 fn check_same_device(s: &StreamObj, e: &EventObj) -> Result<(), AclErr> {
@@ -196,6 +211,9 @@ struct HostArg(*mut c_void);
 // SAFETY: the pointer is only handed back to the C callback, as CANN does; what it points to
 // is the C caller's business (the documented contract of aclrtLaunchHostFunc).
 unsafe impl Send for HostArg {}
+// SAFETY: as above: sharing the holder only lets the callback be called with the pointer
+// again, at each launch of a model that captured it.
+unsafe impl Sync for HostArg {}
 
 impl HostArg {
     fn get(&self) -> *mut c_void {
@@ -204,7 +222,7 @@ impl HostArg {
 }
 
 /// Enqueues `fn(args)` on `stream`: it runs on the stream's worker thread after the work
-/// enqueued before it.
+/// enqueued before it; captured, it runs at every launch of the model.
 ///
 /// # Safety
 /// `fn` is null or a function that may be called with `args` from another thread.
@@ -218,7 +236,7 @@ pub unsafe extern "C" fn aclrtLaunchHostFunc(
         let Some(f) = r#fn else { return Err(AclErr::param("fn is null")) };
         let s = rt()?.stream(stream)?;
         let arg = HostArg(args);
-        s.stream.host_fn(move || {
+        s.stream.host_fn_replayable(move || {
             // SAFETY: the caller of aclrtLaunchHostFunc guarantees `f` may be called with
             // `args` on another thread.
             unsafe { f(arg.get()) }

@@ -25,10 +25,13 @@ pub trait BufferOwner: sealed::Sealed + Sync {
     /// enqueued on the raw stream, see `docs/semantics.md`, "Work soma does not see").
     ///
     /// The first use on a stream makes that stream wait for the allocation point (an event
-    /// on the allocation's stream); later uses on the same stream cost nothing.
+    /// on the allocation's stream); later uses on the same stream cost nothing. The stream
+    /// may belong to a peer device with access to the buffer's device
+    /// ([`Device::enable_peer_access`]): the free then waits for that stream too.
     ///
     /// # Errors
-    /// A stream of another device, or backend failures while recording the event.
+    /// [`Error::PeerAccess`](crate::Error::PeerAccess) for a stream of a device without access
+    /// to the buffer's, or backend failures while recording the event.
     fn record_use(&self, stream: &Stream<'_>) -> Result<()>;
 }
 
@@ -177,11 +180,14 @@ pub(crate) fn bytes_for<T>(len: usize) -> Result<u64> {
 ///
 /// This is what code without a pool does, kept for comparison (the `llama_decode` demo) and
 /// for memory that must outlive every pool. Dropping it **synchronises the whole device**
-/// before freeing — the cost a stream-ordered pool exists to remove.
+/// before freeing — the cost a stream-ordered pool exists to remove — and every peer device
+/// whose streams used it ([`Device::enable_peer_access`]).
 pub struct DriverAlloc<'d, T> {
     device: &'d Device,
     ptr: DevicePtr,
     len: usize,
+    /// Peer devices whose streams used the memory: synchronised too before the free.
+    peers: parking_lot::Mutex<Vec<Device>>,
     _elem: PhantomData<fn() -> T>,
 }
 
@@ -193,7 +199,13 @@ impl<'d, T: bytemuck::Pod + Send + Sync> DriverAlloc<'d, T> {
     pub fn new(device: &'d Device, len: usize) -> Result<Self> {
         let bytes = bytes_for::<T>(len)?;
         let ptr = device.hal().malloc(bytes)?;
-        Ok(DriverAlloc { device, ptr, len, _elem: PhantomData })
+        Ok(DriverAlloc {
+            device,
+            ptr,
+            len,
+            peers: parking_lot::Mutex::default(),
+            _elem: PhantomData,
+        })
     }
 
     /// Synchronises the device, then frees the memory.
@@ -206,16 +218,25 @@ impl<'d, T: bytemuck::Pod + Send + Sync> DriverAlloc<'d, T> {
     }
 
     fn release(&self) -> Result<()> {
-        let sync = self.device.synchronize();
+        let sync = self.synchronize_users();
         self.device.hal().free(self.ptr)?;
         sync
+    }
+}
+
+impl<T> DriverAlloc<'_, T> {
+    /// Synchronises the device and the peers that used the memory; the first error.
+    fn synchronize_users(&self) -> Result<()> {
+        let peers = std::mem::take(&mut *self.peers.lock());
+        let own = self.device.synchronize();
+        peers.iter().map(Device::synchronize).fold(own, Result::and)
     }
 }
 
 impl<T> Drop for DriverAlloc<'_, T> {
     fn drop(&mut self) {
         // Nothing to report to: the free itself is what matters and it happens regardless.
-        let _ = self.device.synchronize();
+        let _ = self.synchronize_users();
         let _ = self.device.hal().free(self.ptr);
     }
 }
@@ -226,8 +247,17 @@ impl<T> BufferOwner for DriverAlloc<'_, T> {
     fn device(&self) -> &Device {
         self.device
     }
-    fn record_use(&self, _stream: &Stream<'_>) -> Result<()> {
-        // Freeing synchronises the device: every use is covered.
+    fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
+        stream.check_access(self.device, "the allocation")?;
+        // Freeing synchronises the device, which covers its own streams' uses; a peer's are
+        // covered by synchronising the peer too.
+        let user = stream.device();
+        if !user.same_as(self.device) {
+            let mut peers = self.peers.lock();
+            if !peers.iter().any(|p| p.same_as(user)) {
+                peers.push(user.without_owner());
+            }
+        }
         Ok(())
     }
 }

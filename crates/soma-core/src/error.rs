@@ -26,15 +26,59 @@ pub enum Error {
     /// A stream, event or allocation that belongs to another device or pool.
     #[error("wrong device or pool: {0}")]
     WrongDevice(String),
+    /// Memory of another device used without peer access from the stream's device to it
+    /// (see [`Device::enable_peer_access`](crate::Device::enable_peer_access)), or a peer
+    /// access call the devices refuse (the device itself, access already enabled or not
+    /// enabled).
+    #[error("peer access: {0}")]
+    PeerAccess(String),
     /// More live streams on one device than the pool's bookkeeping supports.
     #[error("too many live streams on this device (at most {max})")]
     TooManyStreams {
         /// The limit.
         max: usize,
     },
+    /// Sharing a pool with another process was refused (see [`IpcErrorKind`] and
+    /// `docs/semantics.md`, *IPC*).
+    #[error("IPC ({kind:?}): {message}")]
+    Ipc {
+        /// Which rule or failure.
+        kind: IpcErrorKind,
+        /// What happened, naming the pool, process or allocation.
+        message: String,
+    },
     /// The device (or the backend) reported an error.
     #[error(transparent)]
     Driver(#[from] DriverError),
+}
+
+/// Why a cross-process call of a pool failed ([`Error::Ipc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IpcErrorKind {
+    /// The pool was not built with `handle_type(HandleType::Posix)` (or cannot be: a
+    /// native, sharded or pass-through pool), or the allocation cannot be exported.
+    NotExportable,
+    /// The importing process is not on the pool's whitelist (`MemPool::allow_process`).
+    NotAllowed,
+    /// The pool was dropped, or the allocation freed, by the exporting process.
+    Destroyed,
+    /// Import and export only work across processes.
+    SameProcess,
+    /// The pool is already imported in this process (one import per pool and process).
+    AlreadyImported,
+    /// The exporting process does not answer (it exited, or never exported).
+    Unreachable,
+    /// A descriptor or pointer that does not parse, or does not belong to the pool or
+    /// device it is used with.
+    InvalidDescriptor,
+}
+
+impl Error {
+    /// An [`Error::Ipc`].
+    pub(crate) fn ipc(kind: IpcErrorKind, message: impl Into<String>) -> Error {
+        Error::Ipc { kind, message: message.into() }
+    }
 }
 
 /// The numbers behind an out-of-memory error, so that its message explains itself.
@@ -52,7 +96,14 @@ pub enum Error {
 ///   cause: 4.0 MiB is free in the pool but the largest free block is 2.0 MiB: the free memory is fragmented
 ///   hint: 4.0 MiB is cached on stream 2 and not reusable on stream 1: enable follow_event_dependencies …
 /// ```
+///
+/// With the `serde` feature it serializes as an object keyed by the field names (`pending` a
+/// list of [`PendingFree`](crate::observe::PendingFree), `reuse` a
+/// [`ReusePolicy`](crate::ReusePolicy) object), for an engine's logs and metrics. It is not
+/// `Deserialize`: it is the pool's account of one failed allocation, which nothing takes
+/// back as input, and reading it back would freeze its fields as an input format.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct OutOfMemory {
     /// Bytes asked for.
     pub requested: u64,
@@ -207,7 +258,8 @@ impl fmt::Display for OutOfMemory {
                 )
             } else if !r.internal_dependencies {
                 format!(
-                    "stream {} is not ordered after those frees: record an event on stream {}                      after them and make stream {} wait on it (Stream::wait_event), or enable \
+                    "stream {} is not ordered after those frees: record an event on stream {} \
+                     after them and make stream {} wait on it (Stream::wait_event), or enable \
                      internal_dependencies",
                     self.stream, p.stream, self.stream
                 )
@@ -304,6 +356,113 @@ mod tests {
     }
 
     const MIB_: u64 = 1 << 20;
+
+    /// The lines of `report` that start with `  hint: `, without that prefix.
+    fn hints(report: &str) -> Vec<&str> {
+        report.lines().filter_map(|l| l.strip_prefix("  hint: ")).collect()
+    }
+
+    /// No line of a report has a run of blanks after its indentation (a broken line
+    /// continuation in a format string leaves one).
+    fn assert_no_blank_runs(report: &str) {
+        for line in report.lines() {
+            assert!(!line.trim_start().contains("  "), "a run of blanks in {line:?} of:\n{report}");
+        }
+    }
+
+    #[test]
+    fn every_pending_free_hint_reads_as_one_sentence() {
+        let cached = "3.1 MiB is cached on stream 2 and not reusable on stream 1";
+        let waited = "; this time the pool synchronized stream 2 instead";
+        let cases = [
+            (
+                crate::ReusePolicy::NONE,
+                "enable follow_event_dependencies or wait on an event: make stream 1 wait on an \
+                 event recorded on stream 2 after those frees (or enable internal_dependencies)",
+            ),
+            (
+                crate::ReusePolicy::NONE.follow_event_dependencies(true),
+                "stream 1 is not ordered after those frees: record an event on stream 2 after \
+                 them and make stream 1 wait on it (Stream::wait_event), or enable \
+                 internal_dependencies",
+            ),
+            (
+                crate::ReusePolicy::NONE.internal_dependencies(true),
+                "it is in blocks smaller than this request",
+            ),
+            (crate::ReusePolicy::ALL, "it is in blocks smaller than this request"),
+        ];
+        for (policy, how) in cases {
+            for retried in [true, false] {
+                let report = OutOfMemory { retried, ..oom(policy) }.to_string();
+                assert_no_blank_runs(&report);
+                let suffix = if retried { waited } else { "" };
+                assert_eq!(
+                    hints(&report),
+                    [
+                        format!("{cached}: {how}{suffix}").as_str(),
+                        "compact live allocations \
+                     (MemPool::compact), or raise max_size so that the pool can map a \
+                     contiguous range instead"
+                    ],
+                    "{policy:?}, retried {retried}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_cause_has_its_own_hint() {
+        let fragmented = oom(crate::ReusePolicy::ALL);
+        let max_reached = OutOfMemory { used: 7 * MIB_, ..fragmented.clone() };
+        let held_elsewhere = OutOfMemory {
+            reserved: 4 * MIB_,
+            device_free: MIB_,
+            pending: Vec::new(),
+            ..fragmented.clone()
+        };
+        let range_fragmented = OutOfMemory {
+            used: 4 * MIB_,
+            reserved: 6 * MIB_,
+            largest_free_block: MIB_,
+            pending: Vec::new(),
+            ..fragmented.clone()
+        };
+        let cases = [
+            (
+                fragmented,
+                "cause: 4.0 MiB is free in the pool but the largest free block is 2.0 MiB: the \
+                 free memory is fragmented",
+                "compact live allocations (MemPool::compact), or raise max_size so that the \
+                 pool can map a contiguous range instead",
+            ),
+            (
+                max_reached,
+                "cause: live allocations hold 7.0 MiB of the pool's max_size 8.0 MiB; the 1.0 \
+                 MiB left is less than the request",
+                "raise max_size or free allocations",
+            ),
+            (
+                held_elsewhere,
+                "cause: the pool may grow by 4.0 MiB more, but the device has only 1.0 MiB \
+                 free: the rest is held outside this pool",
+                "trim other pools (trim_to) or free driver allocations",
+            ),
+            (
+                range_fragmented,
+                "cause: 2.0 MiB is free in the pool and 2.0 MiB is not mapped, but no free or \
+                 unmapped range of 3.0 MiB is contiguous: the pool's address range is \
+                 fragmented",
+                "compact live allocations (MemPool::compact), or raise max_size",
+            ),
+        ];
+        for (oom, cause, hint) in cases {
+            let report = oom.to_string();
+            assert_no_blank_runs(&report);
+            assert!(report.lines().any(|l| l == format!("  {cause}")), "{cause:?} in:\n{report}");
+            assert_eq!(hints(&report).last(), Some(&hint), "{report}");
+        }
+    }
 
     #[test]
     fn bytes_display() {

@@ -1,8 +1,9 @@
 //! The driver HAL: what a stream-ordered pool needs from a device.
 //!
-//! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these three object-safe
-//! traits; the pool engine and the typed handles of this crate are written against them and
-//! never name a backend.
+//! Backends (`soma-sim`, the `ascend` backend of `soma`) implement these object-safe traits
+//! ([`DeviceHal`], [`StreamHal`], [`EventHal`], and [`GraphHal`] for graph capture); the pool
+//! engine and the typed handles of this crate are written against them and never name a
+//! backend.
 //!
 //! # Who validates what
 //!
@@ -24,11 +25,35 @@
 //! # Failed calls
 //!
 //! A call that returns an error has changed nothing: no task was enqueued, no memory was
-//! allocated, mapped or accounted.
+//! allocated, mapped or accounted. (One exception, graph capture's forbidden calls, which
+//! invalidate the capture: see [`capture`].)
+//!
+//! # Several devices
+//!
+//! A device's streams use its own memory. Once peer access is enabled from device B to
+//! device A ([`DeviceHal::enable_peer_access`], per ordered pair), kernels, copies and
+//! memsets on B's streams may also name A's memory: the backend validates each range against
+//! the device that owns it, and a range of a device without access is an
+//! [`DriverError::InvalidAddress`] naming it. A stream may wait on an event recorded on
+//! another device's stream of the same backend (the order holds across devices).
+//!
+//! # Graph capture
+//!
+//! A stream can record its tasks into a graph instead of running them
+//! ([`StreamHal::begin_capture`] … [`StreamHal::end_capture`]) and a [`GraphHal`] runs them
+//! again at every launch. Captured tasks take no stream position; a launch is one task. The
+//! rules are in the [`capture`] module.
 
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
+
+pub mod capture;
+
+pub use capture::{
+    CaptureErrorKind, CaptureInfo, CaptureMode, CaptureStatus, GraphHal, ReplayableHostFn,
+    ReplayableKernel, ReplayableKernelBody,
+};
 
 /// An address in a device's address space.
 ///
@@ -82,6 +107,12 @@ impl fmt::Display for DevicePtr {
 /// mapped. Its size is a multiple of the device's granularity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PhysicalHandle(pub u64);
+
+/// A physical allocation exported for other processes (`aclrtMemExportToShareableHandle`'s
+/// `shareableHandle`): a number that names the allocation to every process of the machine,
+/// to be passed to them by any means (a pipe, a socket, a command line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShareableHandle(pub u64);
 
 /// Static facts about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,6 +311,14 @@ pub enum DriverError {
     /// A failure injected by the software NPU's fault injection.
     #[error("injected fault: {0}")]
     Injected(String),
+    /// A graph capture rule was broken (see the [`capture`] module).
+    #[error("graph capture: {message}")]
+    Capture {
+        /// Which rule.
+        kind: CaptureErrorKind,
+        /// What happened, naming the stream, event or capture.
+        message: String,
+    },
     /// A native error code the mapping functions do not cover.
     #[error("driver error {code}: {message}")]
     Native {
@@ -362,6 +401,86 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// the mapping in place, if a task in flight uses the range.
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle>;
 
+    /// Exports physical memory `handle` of this process so that other processes can import it
+    /// (`aclrtMemExportToShareableHandle`). With `check_pids` (CANN's default flag) only the
+    /// processes named with [`allow_shareable_pids`](Self::allow_shareable_pids) may import
+    /// it; without, any process may. One shareable handle per handle: exporting a handle
+    /// twice, or an imported one, is an error. Freeing the handle withdraws the export:
+    /// later imports fail, earlier ones keep the memory until they are freed.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a handle that is not this device's;
+    /// [`DriverError::InvalidValue`] for a handle already exported or imported;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        let _ = (handle, check_pids);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// Adds processes to the whitelist of a handle this process exported
+    /// (`aclrtMemSetPidToShareableHandle`); process ids are what
+    /// [`process_id`](Self::process_id) answers in the importing process.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a shareable handle this process did not export (or
+    /// whose memory was freed); [`DriverError::InvalidValue`] for an empty list;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        let _ = (shareable, pids);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// Imports memory another process exported (`aclrtMemImportFromShareableHandle`) as a
+    /// physical handle of this device, to be mapped and freed as any other. Import and export
+    /// only work across processes, and a process holds at most one handle per shareable
+    /// handle at a time. `size` is the exported allocation's size as the exporter tells it (a
+    /// backend that can check it does); 0 asks the backend to find it out, which not every
+    /// backend can (the software NPU can, CANN's runtime cannot).
+    ///
+    /// # Safety
+    /// The memory is shared with the exporting process (and any other importer), which
+    /// accesses it without this process knowing: the caller makes every access of a process
+    /// to the shared bytes ordered with every write of another process to them (as on a
+    /// device, where nothing orders work across processes either). A task of this process
+    /// reading bytes while another process writes them is a data race.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a handle no live process exports (never exported,
+    /// freed, or its process exited); [`DriverError::InvalidValue`] for this process's own
+    /// export, a process not on the whitelist, a handle this process already imported, a
+    /// size other than the exported one, or one that is not a multiple of this device's
+    /// granularity;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        let _ = (shareable, size);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// The id of this process for whitelists ([`allow_shareable_pids`](Self::allow_shareable_pids);
+    /// `aclrtDeviceGetBareTgid`, which answers the host's id inside a container). The default
+    /// is the id the OS gives the process.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn process_id(&self) -> DriverResult<i32> {
+        i32::try_from(std::process::id())
+            .map_err(|_| DriverError::InvalidValue("process id out of range".into()))
+    }
+
     /// Allocates `size` bytes of device memory outside any pool (`aclrtMalloc`).
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr>;
 
@@ -425,6 +544,48 @@ pub trait DeviceHal: Send + Sync + 'static {
         ))
     }
 
+    /// Whether work on this device's streams could use `peer`'s memory once peer access is
+    /// enabled (`aclrtDeviceCanAccessPeer`): both devices belong to this backend, are
+    /// distinct, and are linked. `false` by default.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {
+        let _ = peer;
+        Ok(false)
+    }
+
+    /// Lets kernels and copies on this device's streams use `peer`'s memory
+    /// (`aclrtDeviceEnablePeerAccess` with this device current). Access is per ordered pair:
+    /// enabling it from `self` to `peer` gives `peer` no access to `self`'s memory.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidValue`] for the device itself, a device that cannot be reached,
+    /// or access already enabled; [`DriverError::Unsupported`] when the backend has no peer
+    /// access (the default). A refused call changes nothing.
+    fn enable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        let _ = peer;
+        Err(DriverError::Unsupported("this backend has no peer access between devices".into()))
+    }
+
+    /// Withdraws the access [`enable_peer_access`](Self::enable_peer_access) gave
+    /// (`aclrtDeviceDisablePeerAccess`). Work already enqueued keeps running; new work on this
+    /// device's streams may no longer use `peer`'s memory.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidValue`] when access is not enabled;
+    /// [`DriverError::Unsupported`] when the backend has no peer access (the default).
+    fn disable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        let _ = peer;
+        Err(DriverError::Unsupported("this backend has no peer access between devices".into()))
+    }
+
+    /// Whether peer access from this device to `peer` is enabled (`false` by default).
+    fn peer_access_enabled(&self, peer: &dyn DeviceHal) -> bool {
+        let _ = peer;
+        false
+    }
+
     /// Whether the device wants [`PoolAnnotation`]s (a sanitizer is on). Pools ask once, at
     /// creation, so that the hot path pays nothing otherwise.
     fn wants_annotations(&self) -> bool {
@@ -433,6 +594,17 @@ pub trait DeviceHal: Send + Sync + 'static {
 
     /// Receives a pool annotation (only called when [`wants_annotations`](Self::wants_annotations)).
     fn annotate(&self, _annotation: PoolAnnotation) {}
+
+    /// Sets the calling thread's capture mode to `mode` and returns the mode it had
+    /// (`aclmdlRICaptureThreadExchangeMode`; every thread starts in [`CaptureMode::Global`]).
+    /// The mode is the thread's, for every device of the backend.
+    ///
+    /// # Errors
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        let _ = mode;
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
 
     /// The object as [`Any`], for backends that need to recognise their own types.
     fn as_any(&self) -> &dyn Any;
@@ -508,26 +680,86 @@ pub trait StreamHal: Send + Sync + 'static {
     /// Enqueues a kernel.
     fn launch(&self, kernel: KernelLaunch) -> DriverResult<()>;
 
-    /// Enqueues a device-to-device copy.
+    /// Enqueues a device-to-device copy. Either end may be memory of a peer device this
+    /// stream's device has access to (see the module docs, *Several devices*).
     fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()>;
 
     /// Enqueues a copy whose ends may be host memory (`aclrtMemcpyAsync`).
     ///
     /// # Safety
     /// Host ends must stay valid (readable for `src`, writable and not otherwise accessed for
-    /// `dst`) until the task completes, i.e. until `completed()` reaches its position.
+    /// `dst`) until the task completes, i.e. until `completed()` reaches its position. On a
+    /// capturing stream the copy is recorded and runs at every launch of the graph: host ends
+    /// must then stay valid, and not otherwise accessed while a launch runs, until the graph
+    /// is dropped.
     unsafe fn copy_async(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()>;
 
     /// Enqueues a memset of device memory.
     fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()>;
 
     /// Enqueues a record of `event`; returns the position of the record task. Re-recording
-    /// replaces the event's previous record.
+    /// replaces the event's previous record. On a capturing stream the record is captured:
+    /// it takes no position (the stream's [`enqueued`](Self::enqueued) count is returned)
+    /// and the event's latest record becomes the captured one.
     fn record(&self, event: &dyn EventHal) -> DriverResult<u64>;
 
     /// Makes later tasks of this stream wait until `event`'s latest record (at the time of
-    /// this call) has completed. Waiting on a never-recorded event is a no-op.
+    /// this call) has completed. Waiting on a never-recorded event is a no-op. On a capturing
+    /// stream the wait is captured; a stream that waits on a captured record joins its
+    /// capture ([`capture`]).
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()>;
+
+    /// Enqueues a host function that may run many times: on a capturing stream it is
+    /// captured and runs at every launch of the graph. The default runs it once through
+    /// [`host_fn`](Self::host_fn).
+    fn host_fn_replayable(&self, f: ReplayableHostFn) -> DriverResult<()> {
+        self.host_fn(Box::new(move || f()))
+    }
+
+    /// Enqueues a kernel whose body may run many times: on a capturing stream it is captured
+    /// and runs at every launch of the graph. The default launches it once through
+    /// [`launch`](Self::launch).
+    fn launch_replayable(&self, kernel: ReplayableKernel) -> DriverResult<()> {
+        self.launch(kernel.once())
+    }
+
+    /// Starts capturing this stream's tasks into a new graph (`aclmdlRICaptureBegin`).
+    ///
+    /// # Errors
+    /// [`CaptureErrorKind::StreamCaptured`] when the stream is already capturing;
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn begin_capture(&self, mode: CaptureMode) -> DriverResult<()> {
+        let _ = mode;
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
+
+    /// Ends the capture begun on this stream and returns its graph (`aclmdlRICaptureEnd`);
+    /// every stream of the capture leaves it, whether the call succeeds or not (unless the
+    /// stream or thread is the wrong one).
+    ///
+    /// # Errors
+    /// [`CaptureErrorKind::NotCapturing`], [`CaptureErrorKind::Unmatched`],
+    /// [`CaptureErrorKind::Unjoined`], [`CaptureErrorKind::Invalidated`];
+    /// [`DriverError::Unsupported`] when the backend has no graph capture (the default).
+    fn end_capture(&self) -> DriverResult<Box<dyn GraphHal>> {
+        Err(DriverError::Unsupported("this backend has no graph capture".into()))
+    }
+
+    /// The stream's capture state (`aclmdlRICaptureGetInfo`); never capturing by default.
+    ///
+    /// # Errors
+    /// Backend failures (a backend may ask the driver).
+    fn capture_info(&self) -> DriverResult<CaptureInfo> {
+        Ok(CaptureInfo::NONE)
+    }
+
+    /// How many times the stream entered or left a capture: odd while it is capturing. Read
+    /// before and after a call, it tells whether the call may have been captured (an odd
+    /// value, or two different values): what the typed layer checks before it learns
+    /// ordering from a record or a wait. One atomic load; `0` by default.
+    fn capture_epoch(&self) -> u64 {
+        0
+    }
 
     /// The object as [`Any`].
     fn as_any(&self) -> &dyn Any;

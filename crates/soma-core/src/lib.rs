@@ -8,6 +8,7 @@
 //! | [`hal`] | the object-safe driver traits every backend implements |
 //! | [`engine`] | the pool's bookkeeping over an offset space: pure, safe, device-free |
 //! | [`Device`], [`Stream`], [`Event`] | typed handles; they feed the happens-before knowledge |
+//! | [`Graph`], [`CaptureMode`] | graph capture: a stream's work recorded once, launched many times |
 //! | [`MemPool`], [`PoolAlloc`], [`attr`] | the stream-ordered pool and its typed attributes |
 
 pub mod hal;
@@ -19,6 +20,7 @@ mod completion;
 mod device;
 mod error;
 mod event;
+mod graph;
 mod host;
 mod owned;
 mod pool;
@@ -28,19 +30,22 @@ mod view;
 
 /// The pool's bookkeeping over an offset space (the `soma-engine` crate).
 pub use soma_engine as engine;
+pub use soma_engine::ReuseKind;
 
 pub use buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, DriverAlloc};
 pub use clock::VectorClock;
 pub use completion::{EventWait, StreamSync};
 pub use device::{Device, MAX_STREAMS};
-pub use error::{Bytes, Error, OutOfMemory, Result};
+pub use error::{Bytes, Error, IpcErrorKind, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
+pub use graph::Graph;
+pub use hal::{CaptureInfo, CaptureMode, CaptureStatus};
 pub use host::{HostBuffer, HostTransfer};
 pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
-    MemPool, MemPoolBuilder, OomAction, OomHook, OwnedAlloc, OwnedPool, PoolAlloc, PoolStats,
-    ReuseCounts, ReusePolicy,
+    ExportedPointer, HandleType, ImportedAlloc, ImportedPool, MemPool, MemPoolBuilder, OomAction,
+    OomHook, OwnedAlloc, OwnedPool, PoolAlloc, PoolDescriptor, PoolStats, ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
 pub use view::{SplitMut, View, ViewMut};

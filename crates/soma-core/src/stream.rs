@@ -1,8 +1,8 @@
 //! Streams: ordered queues of device work, and the typed copy / kernel API.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -16,6 +16,13 @@ use crate::event::Event;
 use crate::hal::{
     AccessMode, BufferAccess, KernelBuffers, KernelError, KernelLaunch, MemRef, StreamHal,
 };
+
+/// A stream flag: the raw handle was handed out, so work soma does not see may be enqueued
+/// on it at any time, and every free first lets the backend count a position for it.
+pub(crate) const FOREIGN_WORK: u8 = 1 << 0;
+/// A stream flag: the stream began or joined a capture at some point (see the `graph`
+/// module); until then the pool's capture checks cost one load, not a backend call.
+pub(crate) const CAPTURED: u8 = 1 << 1;
 
 /// A stream of a device: work enqueued on it executes in order, asynchronously to the host.
 ///
@@ -32,9 +39,11 @@ pub struct Stream<'d> {
     base: u64,
     /// What this stream's future work is ordered after, learnt from event waits.
     clock: Mutex<VectorClock>,
-    /// The raw handle was handed out: work soma does not see may be enqueued at any time,
-    /// so every free first lets the backend count a position for it.
-    foreign: AtomicBool,
+    /// [`FOREIGN_WORK`] and [`CAPTURED`]: what makes a free on this stream take the slow
+    /// path. One byte, so that the pool's free reads both with one load.
+    flags: AtomicU8,
+    /// The device's default pool, once this stream allocated from it (`alloc_async`).
+    pub(crate) default_pool: OnceLock<crate::pool::OwnedPool>,
 }
 
 impl<'d> Stream<'d> {
@@ -51,7 +60,8 @@ impl<'d> Stream<'d> {
             slot,
             base,
             clock: Mutex::new(VectorClock::new()),
-            foreign: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
+            default_pool: OnceLock::new(),
         })
     }
 
@@ -96,11 +106,30 @@ impl<'d> Stream<'d> {
     /// first counts a position for work enqueued on the raw handle.
     #[inline]
     pub(crate) fn positions(&self) -> (u64, u64) {
-        if self.foreign.load(Ordering::Relaxed) {
+        self.positions_with(self.flags())
+    }
+
+    /// [`positions`](Self::positions), with the stream's [`flags`](Self::flags) read by the
+    /// caller.
+    #[inline]
+    pub(crate) fn positions_with(&self, flags: u8) -> (u64, u64) {
+        if flags & FOREIGN_WORK != 0 {
             self.hal.note_foreign_work();
         }
         let local = self.hal.enqueued();
         (local, self.base + local)
+    }
+
+    /// What makes a free on this stream take the slow path ([`FOREIGN_WORK`], [`CAPTURED`]);
+    /// 0 for almost every stream.
+    #[inline(always)]
+    pub(crate) fn flags(&self) -> u8 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    /// Sets `flag` for the rest of the stream's life.
+    pub(crate) fn set_flag(&self, flag: u8) {
+        self.flags.fetch_or(flag, Ordering::Relaxed);
     }
 
     /// Tells soma that work it does not see (an operator launched on the backend's raw stream
@@ -121,7 +150,7 @@ impl<'d> Stream<'d> {
     /// counts a position for it. Called by the backends' raw accessors when they hand the
     /// handle out; it cannot be undone for the stream's lifetime.
     pub fn expect_foreign_work(&self) {
-        self.foreign.store(true, Ordering::Relaxed);
+        self.set_flag(FOREIGN_WORK);
         self.hal.note_foreign_work();
     }
 
@@ -142,6 +171,42 @@ impl<'d> Stream<'d> {
     #[inline(never)]
     fn wrong_device(&self, what: &str) -> Error {
         Error::WrongDevice(format!("{what} belongs to another device than stream {}", self.id()))
+    }
+
+    /// Checks that work on this stream may use memory of `device`: its own device's, or a
+    /// peer's this device has access to ([`Device::enable_peer_access`]).
+    #[inline]
+    pub(crate) fn check_access(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.same_as(device) {
+            Ok(())
+        } else {
+            self.check_peer_access(device, what)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_peer_access(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.has_peer_access(device) {
+            return Ok(());
+        }
+        Err(Error::PeerAccess(format!(
+            "{what} is memory of device {}, and peer access from device {} (stream {}) to it is \
+             not enabled (Device::enable_peer_access)",
+            device.info().ordinal,
+            self.device.info().ordinal,
+            self.id()
+        )))
+    }
+
+    /// Checks that this stream may wait on an event of `device`: its own device's, or one
+    /// linked to it by peer access in either direction.
+    fn check_event_device(&self, device: &Device, what: &str) -> Result<()> {
+        if self.device.linked_to(device) {
+            Ok(())
+        } else {
+            Err(self.wrong_device(what))
+        }
     }
 
     /// Blocks until everything enqueued so far has completed, then applies the release
@@ -169,11 +234,17 @@ impl<'d> Stream<'d> {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let npu = soma_sim::Npu::builder().build()?;
     /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use std::sync::atomic::{AtomicBool, Ordering};
     /// let s = dev.create_stream()?;
-    /// s.host_fn(|| std::thread::sleep(std::time::Duration::from_millis(5)))?;
+    /// let ran = std::sync::Arc::new(AtomicBool::new(false));
+    /// let flag = ran.clone();
+    /// s.host_fn(move || {
+    ///     std::thread::sleep(std::time::Duration::from_millis(5));
+    ///     flag.store(true, Ordering::Release);
+    /// })?;
     /// let done = s.synchronize_async();      // enqueued now: covers the host function
     /// block_on(done)?;                       // any executor (tokio, smol, a hand-made one)
-    /// assert!(s.query()?);
+    /// assert!(ran.load(Ordering::Acquire));
     /// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
     /// #     struct Unpark(std::thread::Thread);
     /// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
@@ -262,7 +333,13 @@ impl<'d> Stream<'d> {
         // The clock lock spans the enqueue: a wait enqueued after this record cannot join its
         // knowledge into the snapshot (a record must never claim a later wait's ordering).
         let clock = self.clock.lock();
+        let epoch = self.capture_epoch();
         let pos = self.hal.record(event)?;
+        if !self.outside_capture_since(epoch) {
+            // A captured record runs only when a graph is launched: it orders nothing now.
+            self.set_flag(CAPTURED);
+            return Ok(VectorClock::new());
+        }
         let mut snapshot = clock.clone();
         drop(clock);
         snapshot.raise(self.slot, self.base + pos);
@@ -273,11 +350,22 @@ impl<'d> Stream<'d> {
     /// pool learns from it: blocks freed before that record (on its stream, or on any stream
     /// it was itself ordered after) become reusable here when `follow_event_dependencies` is on.
     ///
+    /// The event may belong to another device linked to this one by peer access (either
+    /// direction): the wait orders the work, but the pool learns nothing from it (its
+    /// happens-before knowledge is per device), so no block moves between devices.
+    ///
     /// # Errors
-    /// Backend failures, or an event of another device.
+    /// Backend failures, or an event of another device without peer access between them.
     pub fn wait_event(&self, event: &Event<'_>) -> Result<()> {
-        self.check_device(event.device(), "the event")?;
-        if let Some(clock) = event.wait_on(self)? {
+        self.check_event_device(event.device(), "the event")?;
+        let epoch = self.capture_epoch();
+        let clock = event.wait_on(self)?;
+        if !self.outside_capture_since(epoch) {
+            // A captured wait (or one that made this stream join a capture) orders nothing.
+            self.set_flag(CAPTURED);
+        } else if let Some(clock) = clock.filter(|_| self.device.same_as(event.device())) {
+            // Clocks name stream slots of one device: another device's would mean other
+            // streams here.
             self.clock.lock().join(&clock);
         }
         Ok(())
@@ -288,13 +376,14 @@ impl<'d> Stream<'d> {
     }
 
     /// Makes this stream wait for everything enqueued on `other` so far (an event recorded
-    /// on `other` and waited on here).
+    /// on `other` and waited on here). `other` may be a stream of a device linked to this
+    /// one by peer access, as for [`wait_event`](Self::wait_event).
     ///
     /// # Errors
-    /// A stream of another device (nothing is enqueued on either stream then), backend
-    /// failures.
+    /// A stream of another device without peer access between them (nothing is enqueued on
+    /// either stream then), backend failures.
     pub fn wait_stream(&self, other: &Stream<'_>) -> Result<()> {
-        self.check_device(other.device(), "wait_stream: the other stream")?;
+        self.check_event_device(other.device(), "wait_stream: the other stream")?;
         let event = other.record_event()?;
         self.wait_event(&event)
     }
@@ -307,9 +396,14 @@ impl<'d> Stream<'d> {
         Ok(self.hal.host_fn(Box::new(f))?)
     }
 
-    /// Records a use of `buffer` by work about to be enqueued here (checks its device).
+    /// Records a use of `buffer` by work about to be enqueued here (checks its device: this
+    /// stream's, or a peer's it has access to).
     pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
-        self.check_device(buffer.device(), "the buffer")?;
+        self.check_access(buffer.device(), "the buffer")?;
+        if self.capture_id().is_some() {
+            // Captured work runs at launches, not now: see the `graph` module.
+            return Ok(());
+        }
         buffer.record_use(self)
     }
 
@@ -317,7 +411,7 @@ impl<'d> Stream<'d> {
     /// so the host slice is free to change when this returns.
     ///
     /// # Errors
-    /// `src` longer than `dst`, buffer of another device, or backend failures.
+    /// `src` longer than `dst`, a buffer of a device without peer access, or backend failures.
     pub fn copy_from_host<B: DeviceBufferMut>(&self, dst: &mut B, src: &[B::Elem]) -> Result<()> {
         if src.len() > dst.len() {
             return Err(Error::InvalidArgument(format!(
@@ -326,6 +420,8 @@ impl<'d> Stream<'d> {
                 dst.len()
             )));
         }
+        // The staging buffer is freed after the copy's first run: it cannot be replayed.
+        self.refuse_in_capture("copy_from_host")?;
         self.note_use(dst)?;
         let staging: Box<[u8]> = bytemuck::cast_slice(src).into();
         if staging.is_empty() {
@@ -358,7 +454,7 @@ impl<'d> Stream<'d> {
     /// [`HostBuffer`](crate::HostBuffer) without blocking.
     ///
     /// # Errors
-    /// `dst` longer than `src`, buffer of another device, the stream's sticky error.
+    /// `dst` longer than `src`, a buffer of a device without peer access, the stream's sticky error.
     pub fn copy_to_host<B: DeviceBuffer>(&self, src: &B, dst: &mut [B::Elem]) -> Result<()> {
         if dst.len() > src.len() {
             return Err(Error::InvalidArgument(format!(
@@ -367,6 +463,8 @@ impl<'d> Stream<'d> {
                 src.len()
             )));
         }
+        // It waits for the copy, which a capturing stream would not run.
+        self.refuse_in_capture("copy_to_host")?;
         self.note_use(src)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         if bytes.is_empty() {
@@ -413,10 +511,13 @@ impl<'d> Stream<'d> {
         Ok(host)
     }
 
-    /// Enqueues a device-to-device copy of the start of `src` into `dst`.
+    /// Enqueues a device-to-device copy of the start of `src` into `dst`. Either may be memory
+    /// of a peer device this stream's device has access to ([`Device::enable_peer_access`]):
+    /// a copy between devices, over the link between them.
     ///
     /// # Errors
-    /// `src` longer than `dst`, buffers of another device, backend failures.
+    /// `src` longer than `dst`, [`Error::PeerAccess`] for a buffer of another device without
+    /// access, backend failures.
     pub fn copy<D, S>(&self, dst: &mut D, src: &S) -> Result<()>
     where
         D: DeviceBufferMut,
@@ -430,8 +531,8 @@ impl<'d> Stream<'d> {
             )));
         }
         // Both devices first: a refused copy records no use (no event) on either buffer.
-        self.check_device(dst.device(), "the buffer")?;
-        self.check_device(src.device(), "the buffer")?;
+        self.check_access(dst.device(), "the destination")?;
+        self.check_access(src.device(), "the source")?;
         self.note_use(dst)?;
         self.note_use(src)?;
         let len = src.byte_len();
@@ -444,7 +545,7 @@ impl<'d> Stream<'d> {
     /// Enqueues a memset of every byte of `dst` to `value`.
     ///
     /// # Errors
-    /// Buffer of another device, backend failures.
+    /// A buffer of a device without peer access ([`Error::PeerAccess`]), backend failures.
     pub fn memset<B: DeviceBufferMut>(&self, dst: &mut B, value: u8) -> Result<()> {
         self.note_use(dst)?;
         if dst.byte_len() == 0 {
@@ -471,7 +572,7 @@ impl<'d> Stream<'d> {
     /// ```
     ///
     /// # Errors
-    /// Buffer of another device, backend failures.
+    /// A buffer of a device without peer access ([`Error::PeerAccess`]), backend failures.
     pub fn fill<B: DeviceBufferMut>(&self, dst: &mut B, value: B::Elem) -> Result<()> {
         let bytes = bytemuck::bytes_of(&value);
         if bytes.iter().all(|&b| b == bytes[0]) {
@@ -520,9 +621,11 @@ impl<'d> Stream<'d> {
     /// # Ok(()) }
     /// ```
     ///
+    /// Buffers may be memory of peer devices this stream's device has access to.
+    ///
     /// # Errors
-    /// Buffers of another device, backends without closure kernels, overlapping write
-    /// buffers, backend failures. A failing body fails the stream (reported by the next
+    /// [`Error::PeerAccess`] for a buffer of another device without access, backends without
+    /// closure kernels, overlapping write buffers, backend failures. A failing body fails the stream (reported by the next
     /// synchronize).
     pub fn launch<F>(&self, name: &'static str, args: &[KernelArg<'_>], body: F) -> Result<()>
     where
@@ -530,7 +633,7 @@ impl<'d> Stream<'d> {
     {
         // Every device first: a refused launch records no use (no event) on any buffer.
         for arg in args {
-            self.check_device(arg.owner.device(), "the buffer")?;
+            self.check_access(arg.owner.device(), "a kernel argument")?;
         }
         for arg in args {
             self.note_use(arg.owner)?;
@@ -560,8 +663,8 @@ impl std::fmt::Debug for Stream<'_> {
 
 /// One buffer argument of [`Stream::launch`].
 pub struct KernelArg<'a> {
-    access: BufferAccess,
-    owner: &'a dyn BufferOwner,
+    pub(crate) access: BufferAccess,
+    pub(crate) owner: &'a dyn BufferOwner,
 }
 
 impl<'a> KernelArg<'a> {

@@ -7,9 +7,9 @@ use smallvec::SmallVec;
 
 use crate::block::{Kind, NIL};
 use crate::coalesce::{index_slot, NO_FREER, SEVERAL_FREERS};
-use crate::config::align_up;
+use crate::config::{align_down, align_up};
 use crate::growth::GrowError;
-use crate::{Backing, BlockId, Engine, FreeTag, ReuseKind, StreamOrder, StreamSlot};
+use crate::{Backing, BackingError, BlockId, Engine, FreeTag, ReuseKind, StreamOrder, StreamSlot};
 
 /// A successful allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,7 +372,8 @@ impl Engine {
 
     /// For compaction: allocates a block of `block`'s size and alignment for `stream` in the
     /// lowest-address eligible free mapped space (own, untagged, or eligible per
-    /// [`StreamOrder::eligibility`]) that lies entirely below `block`'s offset. Never maps.
+    /// [`StreamOrder::eligibility`]) that lies entirely below `block`'s offset. Never maps
+    /// ([`Engine::relocate_lower_mapping`] does).
     /// `None` when `block` is not live or nothing lower fits. The caller copies the data and
     /// then frees `block` in stream order.
     ///
@@ -404,6 +405,109 @@ impl Engine {
                         let grant = Grant { reuse: kind, dependency: None };
                         return Some(self.commit_unindexed(cur, size, align, grant));
                     }
+                }
+            }
+            cur = c.next;
+        }
+        None
+    }
+
+    /// [`Engine::relocate_lower`] that may map: when no mapped free space below `block`
+    /// fits, maps the unmapped granules of the lowest range below it that free space eligible
+    /// for `stream` and unmapped space cover together, and relocates there. Compaction then
+    /// works after recycling or a release unmapped the free space (the state an
+    /// out-of-memory report that recommends compaction leaves). The range stays within the
+    /// engine's range, and the backing may refuse a map (a pool-wide limit): `Ok(None)`, with
+    /// what was mapped kept as free memory.
+    ///
+    /// # Errors
+    ///
+    /// A [`Backing::map`] failure other than out of memory.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(number of blocks below `block`), plus one driver call per mapped segment.
+    pub fn relocate_lower_mapping<E>(
+        &mut self,
+        block: BlockId,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        backing: &mut dyn Backing<Error = E>,
+    ) -> Result<Option<Allocation>, E> {
+        if let Some(a) = self.relocate_lower(block, stream, order) {
+            return Ok(Some(a));
+        }
+        let Some(idx) = self.resolve(block) else { return Ok(None) };
+        let b = self.slab.blocks[idx as usize];
+        if b.kind != Kind::Live {
+            return Ok(None);
+        }
+        let Some((lo, hi)) = self.lowest_mappable_run(&b, stream, order) else { return Ok(None) };
+        let (size, align) = (b.size, 1u64 << b.align_log2);
+        let in_one_hole = self
+            .holes
+            .range(..=lo)
+            .next_back()
+            .is_some_and(|(_, &h)| self.slab.blocks[h as usize].end() >= hi);
+        if in_one_hole {
+            // Fresh memory carved at once, as growth's new run: merged with its neighbours
+            // first, it would take the tag of another stream's free block beside it.
+            let mut tokens: SmallVec<[(u64, u64, u64); 4]> = SmallVec::new();
+            match self.map_chunks(lo, hi - lo, backing, &mut tokens) {
+                Ok(()) => {}
+                Err(BackingError::OutOfMemory) => return Ok(None),
+                Err(BackingError::Driver(e)) => return Err(e),
+            }
+            let fresh = self.map_into_hole(lo, hi - lo, &tokens);
+            return Ok(Some(self.finish_alloc(fresh, lo, size, align, Grant::default(), true)));
+        }
+        // Eligible free blocks and holes together: the holes' granules are mapped as free
+        // memory, which merges with the eligible blocks beside it.
+        let gaps: SmallVec<[(u64, u64); 4]> = self
+            .holes
+            .range(..hi)
+            .map(|(&h0, &h)| (h0.max(lo), self.slab.blocks[h as usize].end().min(hi)))
+            .filter(|&(from, to)| from < to)
+            .collect();
+        for (from, to) in gaps {
+            match self.map_free(from, to - from, backing) {
+                Ok(()) => {}
+                Err(BackingError::OutOfMemory) => return Ok(None),
+                Err(BackingError::Driver(e)) => return Err(e),
+            }
+        }
+        Ok(self.relocate_lower(block, stream, order))
+    }
+
+    /// The granule-aligned range `[lo, hi)` that holds the lowest place below live block `b`
+    /// where a block of its size and alignment fits in a run of free blocks eligible for
+    /// `stream` and unmapped blocks; `None` when there is none.
+    fn lowest_mappable_run(
+        &self,
+        b: &crate::block::Block,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<(u64, u64)> {
+        let (size, align, limit) = (b.size, 1u64 << b.align_log2, b.offset);
+        let g = self.cfg.granularity;
+        let mut run_start = None;
+        let mut cur = self.first;
+        while cur != NIL {
+            let c = &self.slab.blocks[cur as usize];
+            if c.offset >= limit {
+                break;
+            }
+            let usable = match c.kind {
+                Kind::Unmapped => true,
+                Kind::Free => self.eligible_kind(c, stream, order).is_some(),
+                Kind::Live | Kind::Vacant => false,
+            };
+            if !usable {
+                run_start = None;
+            } else {
+                let start = align_up(*run_start.get_or_insert(c.offset), align);
+                if start + size <= c.end().min(limit) {
+                    return Some((align_down(start, g), align_up(start + size, g)));
                 }
             }
             cur = c.next;

@@ -6,7 +6,15 @@
 pub type StreamSlot = u32;
 
 /// Which rule justified handing a cached block to a request.
+///
+/// With the `serde` feature it serializes as its name in snake case: `same_stream`,
+/// `event_dependency`, `opportunistic`, `internal_dependency`, `host_synchronized`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum ReuseKind {
     /// Rule 1: the block was freed on the requesting stream.
     SameStream,

@@ -168,7 +168,7 @@ impl Engine {
 
     /// Maps `[off, off + len)` of an unmapped hole as never-used free memory, coalesced and
     /// indexed.
-    fn map_free<E>(
+    pub(crate) fn map_free<E>(
         &mut self,
         off: u64,
         len: u64,

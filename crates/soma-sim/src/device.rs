@@ -9,17 +9,22 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use soma_core::hal::{
-    AccessMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
-    MemRef, PhysicalHandle, PoolAnnotation, StreamHal,
+    AccessMode, CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal,
+    MemInfo, MemRef, PhysicalHandle, PoolAnnotation, ShareableHandle, StreamHal,
 };
 
+use crate::capture::Captures;
 use crate::event::SimEvent;
 use crate::faults::{FaultKind, Faults};
 use crate::memory::{AcquireError, DeviceMemory, End, HostSpan, Owner, Range};
 use crate::model_delay;
+use crate::peer::{Check, Peers};
 use crate::sanitizer::{Sanitizer, SanitizerMode, SanitizerReport};
 use crate::stream::{SimStream, StreamShared};
 use crate::LatencyModel;
+use physical::Phys;
+
+mod physical;
 
 /// Driver calls counted by [`SimStats::calls`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,8 +64,12 @@ pub struct CallCounts {
 pub struct SimStats {
     /// Bytes held by physical allocations ([`DeviceHal::alloc_physical`]).
     pub physical_bytes: u64,
-    /// Bytes of physical allocations currently mapped.
+    /// Bytes of physical allocations currently mapped (imported ones included).
     pub mapped_bytes: u64,
+    /// Bytes of physical memory imported from other processes
+    /// ([`DeviceHal::import_physical`]) and not freed yet: another process's memory, not
+    /// counted against this device's capacity.
+    pub imported_bytes: u64,
     /// Bytes held by [`DeviceHal::malloc`] (granule-rounded).
     pub malloc_bytes: u64,
     /// Bytes of page-locked host memory held by [`DeviceHal::malloc_host`] (page-rounded).
@@ -99,16 +108,6 @@ enum ResKind {
     Malloc,
 }
 
-/// Physical memory from `alloc_physical`. It owns its bytes until it is freed, as on a device:
-/// unmapping keeps them in `parked`, and the next map, at any address, shows them again.
-struct Phys {
-    size: u64,
-    mapped_at: Option<u64>,
-    /// Whether device memory holds its bytes parked (unmapped after a mapping; never mapped,
-    /// it has none yet: all zero).
-    parked: bool,
-}
-
 #[derive(Default)]
 struct State {
     /// Free address space: start → length, address ordered, coalesced.
@@ -119,6 +118,8 @@ struct State {
     mappings: BTreeMap<u64, (u64, u64)>,
     physical: HashMap<u64, Phys>,
     next_handle: u64,
+    /// Bytes of physical memory imported from other processes (not this device's).
+    imported_bytes: u64,
     /// `malloc` allocations: start → length.
     mallocs: HashMap<u64, u64>,
     physical_bytes: u64,
@@ -170,9 +171,22 @@ pub(crate) struct DeviceCore {
     calls: Calls,
     streams: Mutex<Vec<Weak<StreamShared>>>,
     pub(crate) live_streams: AtomicUsize,
-    /// The stream-order sanitizer, when on.
+    /// The stream-order sanitizer, when on: the NPU's, shared by all its devices.
     pub(crate) sanitizer: Option<Arc<Sanitizer>>,
     sanitizer_mode: SanitizerMode,
+    /// The graph captures begun on the device's streams and not ended.
+    pub(crate) captures: Captures,
+    /// The NPU's devices and who may access whose memory.
+    pub(crate) peers: Arc<Peers>,
+}
+
+/// What the devices of one NPU share.
+pub(crate) struct Shared {
+    /// The stream-order sanitizer, when on.
+    pub(crate) sanitizer: Option<Arc<Sanitizer>>,
+    pub(crate) sanitizer_mode: SanitizerMode,
+    /// The device table and the peer access matrix.
+    pub(crate) peers: Arc<Peers>,
 }
 
 impl DeviceCore {
@@ -185,16 +199,21 @@ impl DeviceCore {
 ///
 /// Get one from [`Npu::device`](crate::Npu::device). Device addresses are real host
 /// addresses inside one `mmap`ed region per device; mapped memory is real memory (resident
-/// once touched). Physical memory owns its bytes until `free_physical`, as on a device:
-/// `unmap` leaves its pages in place, inaccessible, and the next `map` shows them again, at
-/// any address (mapped elsewhere, or another mapping made over them, they are copied);
-/// `free_physical` and `free` give the memory back to the OS.
+/// once touched). Each physical allocation is a memory file of its own (`memfd`), mapped with
+/// `MAP_SHARED` where it is mapped: `unmap` keeps its bytes in the file and the next `map`
+/// shows them again, at any address; `free_physical` closes it, and `free` gives `malloc`'s
+/// memory back to the OS.
+///
+/// Physical memory can be shared with another process ([`DeviceHal::export_physical`],
+/// [`DeviceHal::import_physical`]): the importer maps the same file, so both processes see
+/// the same bytes. Streams, events, the in-flight table and the sanitizer stay per process.
 ///
 /// # Semantics worth knowing
 ///
 /// * A physical allocation keeps its contents across [`unmap`](DeviceHal::unmap) until
 ///   [`free_physical`](DeviceHal::free_physical), as on a device (CANN and CUDA alike); memory
-///   never mapped reads as zero.
+///   never mapped reads as zero. Each holds one file descriptor until it is freed (the soft
+///   limit on open files is raised to the hard one when it runs out).
 /// * A handle can be mapped at one place at a time; a mapping covers the whole handle.
 /// * Device ranges touched by tasks and synchronous copies must lie inside mapped memory (they
 ///   may span adjacent mappings); otherwise [`DriverError::InvalidAddress`].
@@ -222,7 +241,7 @@ impl SimDevice {
         info: DeviceInfo,
         address_space: u64,
         latency: LatencyModel,
-        sanitizer: crate::SanitizerConfig,
+        shared: Shared,
     ) -> DriverResult<Self> {
         let memory = DeviceMemory::new(address_space, info.granularity)?;
         let mut state = State { next_handle: 1, ..State::default() };
@@ -237,15 +256,10 @@ impl SimDevice {
                 calls: Calls::default(),
                 streams: Mutex::new(Vec::new()),
                 live_streams: AtomicUsize::new(0),
-                sanitizer: sanitizer.mode.is_on().then(|| {
-                    Arc::new(Sanitizer::new(
-                        sanitizer.mode,
-                        sanitizer.strict,
-                        sanitizer.poison,
-                        sanitizer.print,
-                    ))
-                }),
-                sanitizer_mode: sanitizer.mode,
+                sanitizer: shared.sanitizer,
+                sanitizer_mode: shared.sanitizer_mode,
+                captures: Captures::default(),
+                peers: shared.peers,
             }),
         })
     }
@@ -255,7 +269,9 @@ impl SimDevice {
         self.core.sanitizer_mode
     }
 
-    /// Every report of the stream-order sanitizer so far (empty when it is off).
+    /// Every report of the stream-order sanitizer so far (empty when it is off). The
+    /// sanitizer is the NPU's, shared by its devices (a task of one device may use a peer's
+    /// memory): every device answers with the reports of all of them.
     pub fn sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.reports())
     }
@@ -277,6 +293,24 @@ impl SimDevice {
     /// Returns the sanitizer's reports so far and forgets them.
     pub fn take_sanitizer_reports(&self) -> Vec<SanitizerReport> {
         self.core.sanitizer.as_ref().map_or_else(Vec::new, |s| s.take_reports())
+    }
+
+    /// How many graph captures begun on the device's streams have not ended.
+    pub fn active_captures(&self) -> usize {
+        self.core.captures.count()
+    }
+
+    /// Checks an unsafe call — what `what` names: a synchronous copy or memset, or an
+    /// asynchronous copy of pageable host memory — against the capture modes of the calling
+    /// thread and of the device's active captures (see
+    /// [`CaptureMode`](soma_core::hal::CaptureMode)). The device's own synchronous copies and
+    /// memsets check themselves; the C API checks its pageable copies with this.
+    ///
+    /// # Errors
+    /// [`DriverError::Capture`] when the call is forbidden; the captures that forbid it are
+    /// invalidated.
+    pub fn check_unsafe_call(&self, what: &str) -> DriverResult<()> {
+        self.core.captures.check_unsafe_call(what)
     }
 
     /// The fault injection controls of this device.
@@ -302,6 +336,7 @@ impl SimDevice {
         SimStats {
             physical_bytes: st.physical_bytes,
             mapped_bytes: st.mapped_bytes,
+            imported_bytes: st.imported_bytes,
             malloc_bytes: st.malloc_bytes,
             host_bytes: st.host_bytes,
             live_streams: self.core.live_streams.load(Ordering::Relaxed),
@@ -431,112 +466,39 @@ impl DeviceHal for SimDevice {
     }
 
     fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle> {
-        self.check_vmm()?;
-        bump(&self.core.calls.alloc_physical);
-        model_delay(self.core.latency().driver_alloc);
-        // Every call counts towards a fault rule, as in `stats().calls` (and as `map` does):
-        // the rule comes before the argument checks.
-        if self.core.faults.hit(FaultKind::AllocPhysical) {
-            return Err(DriverError::Injected(format!("alloc_physical({size})")));
-        }
-        self.check_granular(size)?;
-        let mut st = self.core.state.lock();
-        if st.used().checked_add(size).is_none_or(|u| u > self.core.info.total_memory) {
-            return Err(self.oom(&st, size));
-        }
-        let h = st.next_handle;
-        st.next_handle += 1;
-        st.physical.insert(h, Phys { size, mapped_at: None, parked: false });
-        st.physical_bytes += size;
-        Ok(PhysicalHandle(h))
+        self.physical_alloc(size)
     }
 
     fn free_physical(&self, handle: PhysicalHandle) -> DriverResult<()> {
-        self.check_vmm()?;
-        bump(&self.core.calls.free_physical);
-        let mut st = self.core.state.lock();
-        match st.physical.get(&handle.0) {
-            None => Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0))),
-            Some(p) if p.mapped_at.is_some() => Err(DriverError::InvalidValue(format!(
-                "physical handle {} is still mapped",
-                handle.0
-            ))),
-            Some(p) => {
-                let (size, parked) = (p.size, p.parked);
-                st.physical_bytes -= size;
-                if parked {
-                    self.core.memory.discard_parked(handle.0);
-                }
-                st.physical.remove(&handle.0);
-                Ok(())
-            }
-        }
+        self.physical_free(handle)
     }
 
     fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()> {
-        self.check_vmm()?;
-        bump(&self.core.calls.map);
-        model_delay(self.core.latency().map);
-        if self.core.faults.hit(FaultKind::Map) {
-            return Err(DriverError::Injected(format!("map({va}, {})", handle.0)));
-        }
-        let a = va.addr();
-        let mut st = self.core.state.lock();
-        let size = match st.physical.get(&handle.0) {
-            None => {
-                return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)))
-            }
-            Some(p) if p.mapped_at.is_some() => {
-                return Err(DriverError::InvalidValue(format!(
-                    "physical handle {} is already mapped",
-                    handle.0
-                )))
-            }
-            Some(p) => p.size,
-        };
-        if a % self.core.info.granularity != 0 {
-            return Err(bad_addr(a, size, "not aligned to the granularity"));
-        }
-        let end = a.checked_add(size).ok_or_else(|| bad_addr(a, size, "overflow"))?;
-        match st.reservations.range(..=a).next_back() {
-            Some((&rs, &(rl, ResKind::User))) if end <= rs + rl => {}
-            _ => return Err(bad_addr(a, size, "not inside a reservation")),
-        }
-        if st.mappings.range(..end).next_back().is_some_and(|(&ms, &(ml, _))| ms + ml > a) {
-            return Err(bad_addr(a, size, "overlaps an existing mapping"));
-        }
-        let Some(p) = st.physical.get_mut(&handle.0) else {
-            return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)));
-        };
-        if p.parked {
-            self.core.memory.map_parked(a, size, handle.0)?;
-        } else {
-            self.core.memory.map(a, size)?;
-        }
-        p.parked = false;
-        p.mapped_at = Some(a);
-        st.mappings.insert(a, (size, handle.0));
-        st.mapped_bytes += size;
-        Ok(())
+        self.physical_map(va, handle)
     }
 
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle> {
-        self.check_vmm()?;
-        bump(&self.core.calls.unmap);
-        model_delay(self.core.latency().map);
-        let a = va.addr();
-        let mut st = self.core.state.lock();
-        let Some(&(size, h)) = st.mappings.get(&a) else {
-            return Err(bad_addr(a, 0, "not the start of a mapping"));
-        };
-        self.core.memory.unmap_keep(a, size, h)?;
-        st.mappings.remove(&a);
-        if let Some(p) = st.physical.get_mut(&h) {
-            p.mapped_at = None;
-            p.parked = true;
-        }
-        st.mapped_bytes -= size;
-        Ok(PhysicalHandle(h))
+        self.physical_unmap(va)
+    }
+
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        self.physical_export(handle, check_pids)
+    }
+
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        crate::ipc::allow(shareable, pids)
+    }
+
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        self.physical_import(shareable, size)
     }
 
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {
@@ -654,6 +616,7 @@ impl DeviceHal for SimDevice {
 
     unsafe fn copy_sync(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
         bump(&self.core.calls.sync_copy);
+        self.core.captures.check_unsafe_call("a synchronous copy")?;
         let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
         let end = |m: MemRef, mode| match m {
             MemRef::Device(p) => (End::Device(p.addr()), Some(Range { addr: p.addr(), len, mode })),
@@ -667,26 +630,55 @@ impl DeviceHal for SimDevice {
         if let Some(san) = &self.core.sanitizer {
             san.check_host("copy_sync", &ranges).map_err(DriverError::InvalidValue)?;
         }
-        self.core.memory.check_mapped(&ranges)?;
-        model_delay(self.core.latency().copy_time(len));
-        let mut acc =
-            self.core.memory.acquire(Owner::Host("copy_sync"), &ranges, false).map_err(host_err)?;
+        self.core.check_mapped_anywhere(&ranges)?;
+        let placement = self.core.place(&ranges, Check::Access)?;
+        let lat = self.core.latency();
+        let across = ranges.len() == 2 && placement.as_ref().is_some_and(|p| p.across(0, 1));
+        model_delay(if across { lat.peer_copy_time(len) } else { lat.copy_time(len) });
+        let owner = Owner::Host("copy_sync");
+        let mut acc = self
+            .core
+            .acquire_placed(placement.as_ref(), owner, &ranges, false)
+            .map_err(host_err)?;
         acc.copy(&d, &s, len)
     }
 
     fn memset_sync(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         bump(&self.core.calls.sync_copy);
+        self.core.captures.check_unsafe_call("a synchronous memset")?;
         let r = Range { addr: dst.addr(), len, mode: AccessMode::Write };
         if let Some(san) = &self.core.sanitizer {
             san.check_host("memset_sync", &[r]).map_err(DriverError::InvalidValue)?;
         }
+        let placement = self.core.place(&[r], Check::Access)?;
+        let owner = Owner::Host("memset_sync");
         let mut acc =
-            self.core.memory.acquire(Owner::Host("memset_sync"), &[r], false).map_err(host_err)?;
+            self.core.acquire_placed(placement.as_ref(), owner, &[r], false).map_err(host_err)?;
         acc.fill(dst.addr(), value, len)
+    }
+
+    fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {
+        self.peer_can_access(peer)
+    }
+
+    fn enable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_enable(peer)
+    }
+
+    fn disable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_disable(peer)
+    }
+
+    fn peer_access_enabled(&self, peer: &dyn DeviceHal) -> bool {
+        self.peer_enabled(peer)
     }
 
     fn wants_annotations(&self) -> bool {
         self.core.sanitizer.is_some()
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        Ok(crate::capture::exchange_thread_mode(mode))
     }
 
     fn annotate(&self, annotation: PoolAnnotation) {

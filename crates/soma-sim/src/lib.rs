@@ -6,15 +6,18 @@
 //!
 //! | NPU concept | software NPU |
 //! |---|---|
-//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory; physical memory keeps its bytes while unmapped (mapped again, at any address, it shows them) and goes back to the OS when freed; `malloc`'s memory goes back at `free` |
+//! | devices | up to [`MAX_DEVICES`] per [`Npu`], each with its own memory, streams and events; peer access per ordered pair lets one device's tasks use another's memory, copies between them costed at [`LatencyModel::peer_bandwidth`] |
+//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory; physical memory is a memory file per allocation, which keeps its bytes while unmapped (mapped again, at any address, it shows them) and goes back to the OS when freed; `malloc`'s memory goes back at `free` |
+//! | IPC (`aclrtMemExportToShareableHandle`, …) | an exported allocation's memory file is handed to a whitelisted process over a Unix socket (`SCM_RIGHTS`): both processes map the same bytes; streams and events stay per process |
 //! | capacity | accounted per device (default 64 GiB); beyond it, [`OutOfMemory`](hal::DriverError::OutOfMemory) |
 //! | stream | a worker thread executing tasks strictly in enqueue order |
 //! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |
 //! | event | a position on a stream, stamped with an [`Instant`](std::time::Instant) when it completes |
+//! | model runtime instance (`aclmdlRI`, "ACL graph") | a stream's tasks recorded between `begin_capture` and `end_capture` into a [`SimGraph`]; each launch is one task that runs them again in capture order |
 //! | driver cost | a [`LatencyModel`], off by default |
 //! | hardware faults | [`Faults`]: fail the k-th driver call or a chosen task |
 //! | product model | [`Product`]: whether CANN's native pool API is supported |
-//! | `compute-sanitizer` | the stream-order [`sanitizer`]: every kernel, copy and memset access checked against pool allocations in stream order ([`NpuBuilder::sanitizer`], `SOMA_SANITIZER`) |
+//! | `compute-sanitizer` | the stream-order [`sanitizer`]: every kernel, copy and memset access checked against pool allocations in stream order ([`NpuBuilder::sanitizer`], `SOMA_SANITIZER`); one per NPU, so that a task's access of a peer's memory is checked against that memory's allocations |
 //!
 //! # Safety model
 //!
@@ -24,7 +27,9 @@
 //! device-wide in-flight table: a task whose ranges conflict with another stream's task in
 //! flight (one of them writes overlapping bytes) fails with a "concurrent conflicting access
 //! (data race)" error instead of running, and unmapping or freeing memory in flight fails.
-//! All `unsafe` code dealing with memory is in one private module (`memory`).
+//! A range of a peer device's memory is checked and registered in that device's table.
+//! All `unsafe` code dealing with memory, its mappings and the hand-off of memory files to
+//! other processes is in one private module (`memory`).
 //!
 //! # Errors inside tasks
 //!
@@ -71,10 +76,14 @@
 //! # Ok::<(), soma_sim::hal::DriverError>(())
 //! ```
 
+mod capture;
 mod device;
 mod event;
 mod faults;
+mod graph;
+mod ipc;
 mod memory;
+mod peer;
 pub mod sanitizer;
 mod stream;
 
@@ -86,6 +95,7 @@ use std::time::Duration;
 pub use device::{CallCounts, SimDevice, SimStats};
 pub use event::SimEvent;
 pub use faults::{FaultKind, Faults};
+pub use graph::SimGraph;
 pub use sanitizer::{ReportKind, SanitizerMode, SanitizerReport};
 /// The driver HAL this crate implements (re-exported from `soma-core`).
 pub use soma_core::hal;
@@ -139,6 +149,9 @@ pub struct LatencyModel {
     /// Copy bandwidth in bytes per second, for copy tasks (on the worker) and `copy_sync`
     /// (in the calling thread); `0` means copies take no modelled time.
     pub copy_bandwidth: u64,
+    /// Bandwidth of the link between two devices in bytes per second, for copies whose ends
+    /// lie on different devices (peer access); `0` means such copies take no modelled time.
+    pub peer_bandwidth: u64,
 }
 
 /// Waits `d`, as the latency model prescribes: sleeps all but the last stretch, spins that.
@@ -163,13 +176,15 @@ impl LatencyModel {
     }
 
     /// Numbers in the range measured on Ascend: 1 ms per driver allocation (0.5–2 ms per
-    /// `aclrtMalloc`), 0.1 ms per map / unmap, 5 µs per task launch, 25 GB/s copies.
+    /// `aclrtMalloc`), 0.1 ms per map / unmap, 5 µs per task launch, 25 GB/s copies, and
+    /// 56 GB/s between two devices (one HCCS link).
     pub fn ascend_like() -> Self {
         Self {
             driver_alloc: Duration::from_millis(1),
             map: Duration::from_micros(100),
             launch: Duration::from_micros(5),
             copy_bandwidth: 25_000_000_000,
+            peer_bandwidth: HCCS_BANDWIDTH,
         }
     }
 
@@ -197,13 +212,36 @@ impl LatencyModel {
         self
     }
 
+    /// Sets [`peer_bandwidth`](Self::peer_bandwidth) in bytes per second.
+    pub fn with_peer_bandwidth(mut self, bytes_per_s: u64) -> Self {
+        self.peer_bandwidth = bytes_per_s;
+        self
+    }
+
     /// Modelled time of a copy of `len` bytes.
     pub fn copy_time(&self, len: u64) -> Duration {
-        if self.copy_bandwidth == 0 || len == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(len as f64 / self.copy_bandwidth as f64)
-        }
+        transfer_time(len, self.copy_bandwidth)
+    }
+
+    /// Modelled time of a copy of `len` bytes between two devices.
+    pub fn peer_copy_time(&self, len: u64) -> Duration {
+        transfer_time(len, self.peer_bandwidth)
+    }
+}
+
+/// The bandwidth of one HCCS link between two Ascend devices, in bytes per second:
+/// [`LatencyModel::ascend_like`]'s [`peer_bandwidth`](LatencyModel::peer_bandwidth).
+pub const HCCS_BANDWIDTH: u64 = 56_000_000_000;
+
+/// Most devices one [`Npu`] has (an Ascend server has 8 or 16).
+pub const MAX_DEVICES: u32 = 16;
+
+/// `len` bytes at `bytes_per_s` (`0`: no modelled time).
+fn transfer_time(len: u64, bytes_per_s: u64) -> Duration {
+    if bytes_per_s == 0 || len == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_secs_f64(len as f64 / bytes_per_s as f64)
     }
 }
 
@@ -275,6 +313,15 @@ pub(crate) struct SanitizerConfig {
     pub(crate) print: bool,
 }
 
+impl SanitizerConfig {
+    /// The sanitizer these options describe, if it is on.
+    fn build(&self) -> Option<Arc<sanitizer::Sanitizer>> {
+        self.mode.is_on().then(|| {
+            Arc::new(sanitizer::Sanitizer::new(self.mode, self.strict, self.poison, self.print))
+        })
+    }
+}
+
 impl<T> Default for NpuBuilder<T> {
     /// The defaults; the sanitizer mode comes from the `SOMA_SANITIZER` environment variable
     /// (`report` or `fail`; off when unset), see [`SanitizerMode::from_env`].
@@ -297,7 +344,9 @@ impl<T> Default for NpuBuilder<T> {
 }
 
 impl<T> NpuBuilder<T> {
-    /// Number of devices (default 1).
+    /// Number of devices (default 1, at most [`MAX_DEVICES`]). Each has its own memory,
+    /// streams and events; work on one device may use another's memory once peer access is
+    /// enabled ([`DeviceHal::enable_peer_access`](hal::DeviceHal::enable_peer_access)).
     pub fn devices(mut self, n: u32) -> Self {
         self.devices = n;
         self
@@ -386,7 +435,7 @@ impl<T> NpuBuilder<T> {
     /// Creates the devices (and, for a wrapper `T`, what it makes of them).
     ///
     /// # Errors
-    /// [`DriverError::InvalidValue`] for zero devices, a granularity that is not a power of two
+    /// [`DriverError::InvalidValue`] for zero devices or more than [`MAX_DEVICES`], a granularity that is not a power of two
     /// of at least the page size, a capacity below one granule or an address space below the
     /// capacity; [`DriverError::Native`] if the OS refuses the address space; and the errors
     /// of [`T::from_sim_npu`](FromSimNpu::from_sim_npu).
@@ -402,6 +451,12 @@ impl<T> NpuBuilder<T> {
         let g = self.granularity;
         if self.devices == 0 {
             return Err(DriverError::InvalidValue("an Npu needs at least one device".into()));
+        }
+        if self.devices > MAX_DEVICES {
+            return Err(DriverError::InvalidValue(format!(
+                "{} devices: an Npu has at most {MAX_DEVICES}",
+                self.devices
+            )));
         }
         if !g.is_power_of_two() || g < page {
             return Err(DriverError::InvalidValue(format!(
@@ -426,6 +481,10 @@ impl<T> NpuBuilder<T> {
                 "address space {space} is below the capacity {capacity}"
             )));
         }
+        // One sanitizer for every device: a task of one device may use a peer's memory, and
+        // the host's order and observations hold across devices.
+        let sanitizer = self.sanitizer.build();
+        let peers = peer::Peers::new(self.devices);
         let devices = (0..self.devices)
             .map(|ordinal| {
                 let info = DeviceInfo {
@@ -436,9 +495,15 @@ impl<T> NpuBuilder<T> {
                     supports_native_pool: self.product.supports_native_pool(),
                     supports_vmm: self.vmm,
                 };
-                SimDevice::new(info, space, self.latency, self.sanitizer).map(Arc::new)
+                let shared = device::Shared {
+                    sanitizer: sanitizer.clone(),
+                    sanitizer_mode: self.sanitizer.mode,
+                    peers: Arc::clone(&peers),
+                };
+                SimDevice::new(info, space, self.latency, shared).map(Arc::new)
             })
             .collect::<DriverResult<Vec<_>>>()?;
+        peers.set_devices(devices.iter().map(|d| Arc::downgrade(&d.core)).collect());
         Ok(Npu { devices })
     }
 }

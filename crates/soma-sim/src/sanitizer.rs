@@ -6,6 +6,11 @@
 //! environment variable, see [`SanitizerMode::from_env`]); off, it costs nothing (pools are not
 //! even asked to annotate).
 //!
+//! There is one sanitizer per [`Npu`](crate::Npu), shared by its devices: a task of one
+//! device may use a peer's memory (peer access), and is checked against that memory's
+//! allocations; stream ids, addresses and the host's order are unique across the devices, so
+//! clocks, generations and host observations mean the same on every device.
+//!
 //! # Model
 //!
 //! * **Happens-before.** The sanitizer keeps its own vector clocks, independent of

@@ -9,14 +9,17 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use soma_core::hal::{
-    AccessMode, DevicePtr, DriverError, DriverResult, EventHal, HostFn, KernelLaunch, MemRef,
-    StreamHal,
+    AccessMode, CaptureInfo, CaptureMode, DevicePtr, DriverError, DriverResult, EventHal, GraphHal,
+    HostFn, KernelLaunch, MemRef, ReplayableHostFn, ReplayableKernel, StreamHal,
 };
 
+use crate::capture::{self, CapEnd, Op, StreamCapture};
 use crate::device::DeviceCore;
 use crate::event::{downcast_event, RecordState};
-use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range};
+use crate::graph::{GraphBody, SimGraph};
+use crate::memory::{check_no_self_overlap, End, HostSpan, Owner, Range, SpanningAccess};
 use crate::model_delay;
+use crate::peer::{Check, Placement};
 use crate::sanitizer::{Sanitizer, Stamp};
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
@@ -36,6 +39,8 @@ pub(crate) struct StreamShared {
     pub(crate) dropped: AtomicBool,
     /// The device's stream-order sanitizer, if on.
     pub(crate) san: Option<Arc<Sanitizer>>,
+    /// The capture the stream records into, if any.
+    pub(crate) capture: StreamCapture,
 }
 
 impl StreamShared {
@@ -85,6 +90,9 @@ impl StreamShared {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// Drains the queue, then reports the sticky error; on a capturing stream (whose queue
+    /// holds only what was enqueued before the capture) the capture's error instead, and the
+    /// capture is invalidated.
     pub(crate) fn synchronize(&self) -> DriverResult<()> {
         let target = self.enqueued.load(Ordering::SeqCst);
         self.wait_for(target);
@@ -93,21 +101,25 @@ impl StreamShared {
             // observed it, so every task enqueued from now on is ordered after it.
             san.observe(self.id, target + 1);
         }
+        if let Some(cap) = self.capture.current() {
+            return Err(cap.stream_captured("synchronize", self.id));
+        }
         self.sticky().map_or(Ok(()), Err)
     }
 }
 
-enum TaskKind {
+pub(crate) enum TaskKind {
     Host(HostFn),
     Kernel(KernelLaunch),
     Copy { dst: End, src: End, len: u64, name: &'static str },
     Memset { dst: u64, value: u8, len: u64 },
     Record(Arc<RecordState>),
     Wait(Arc<RecordState>),
+    Graph(crate::graph::GraphLaunch),
 }
 
 impl TaskKind {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             TaskKind::Host(_) => "host_fn",
             TaskKind::Kernel(k) => k.name,
@@ -115,6 +127,17 @@ impl TaskKind {
             TaskKind::Memset { .. } => "memset",
             TaskKind::Record(_) => "event_record",
             TaskKind::Wait(_) => "event_wait",
+            TaskKind::Graph(_) => "graph_launch",
+        }
+    }
+
+    /// Completes the task's event records without running it (skipped, or failed by an
+    /// injected fault), so that their waiters never hang.
+    fn complete_records(&self, error: DriverError) {
+        match self {
+            TaskKind::Record(r) => r.complete(Some(error)),
+            TaskKind::Graph(g) => g.complete_records(0, Some(error)),
+            _ => {}
         }
     }
 }
@@ -135,6 +158,7 @@ impl TaskKind {
                 matches!(dst, End::Device(_)) || matches!(src, End::Device(_))
             }
             TaskKind::Memset { .. } => true,
+            TaskKind::Graph(g) => g.accesses_device(),
             _ => false,
         }
     }
@@ -217,6 +241,7 @@ impl SimStream {
             waiters: AtomicUsize::new(0),
             dropped: AtomicBool::new(false),
             san,
+            capture: StreamCapture::default(),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let (c, s) = (Arc::clone(&core), Arc::clone(&shared));
@@ -238,6 +263,37 @@ impl SimStream {
 
     pub(crate) fn shared(&self) -> &Arc<StreamShared> {
         &self.shared
+    }
+
+    pub(crate) fn core(&self) -> &Arc<DeviceCore> {
+        &self.core
+    }
+
+    /// Enqueues one launch of graph `body`, whose waits on records made outside its capture
+    /// resolved to `waits` (per task of the body): the sanitizer orders the launch after them,
+    /// and the launch records the graph's events at its position.
+    pub(crate) fn enqueue_graph(
+        &self,
+        body: &Arc<GraphBody>,
+        waits: Vec<Option<Arc<RecordState>>>,
+    ) -> DriverResult<u64> {
+        if let Some(san) = &self.shared.san {
+            for clock in waits.iter().flatten().filter_map(|r| r.clock.as_ref()) {
+                san.on_wait(self.shared.id, clock);
+            }
+        }
+        let guard = self.tx.lock();
+        let Some(tx) = guard.as_ref() else {
+            return Err(self.destroyed());
+        };
+        let pos = self.shared.enqueued.load(Ordering::Relaxed) + 1;
+        let stamp = self
+            .shared
+            .san
+            .as_ref()
+            .map(|san| san.on_enqueue(self.shared.id, body.accesses_device));
+        let launch = crate::graph::new_launch(body, &self.shared, pos, stamp.as_ref(), waits);
+        self.send(tx, Task { pos, kind: TaskKind::Graph(launch), stamp })
     }
 
     /// The sticky error, if the stream has failed.
@@ -333,13 +389,36 @@ impl SimStream {
         Ok(Some(pos))
     }
 
+    /// Checks that every range is mapped device memory of this device, or of a peer it has
+    /// access to.
     fn check_mapped(&self, ranges: &[Range]) -> DriverResult<()> {
-        self.core.memory.check_mapped(ranges)
+        self.core.check_mapped_anywhere(ranges)
+    }
+
+    /// Checks a kernel's buffers: no overflow, no write overlapping another buffer, mapped.
+    fn check_kernel(&self, buffers: &[soma_core::hal::BufferAccess]) -> DriverResult<()> {
+        let ranges = buffers
+            .iter()
+            .map(|b| device_range(b.ptr, b.len, b.mode))
+            .collect::<DriverResult<Vec<_>>>()?;
+        check_no_self_overlap(&ranges)?;
+        self.check_mapped(&ranges)
+    }
+}
+
+/// The task name of a copy between `dst` and `src`.
+fn copy_name(dst: MemRef, src: MemRef) -> &'static str {
+    match (dst, src) {
+        (MemRef::Device(_), MemRef::Host(_)) => "copy_h2d",
+        (MemRef::Host(_), MemRef::Device(_)) => "copy_d2h",
+        (MemRef::Device(_), MemRef::Device(_)) => "copy_d2d",
+        (MemRef::Host(_), MemRef::Host(_)) => "copy_h2h",
     }
 }
 
 impl Drop for SimStream {
     fn drop(&mut self) {
+        capture::stream_dropped(&self.shared, &self.core.captures);
         // Closing the channel lets the worker drain the queue and exit.
         drop(self.tx.lock().take());
         if let Some(w) = self.worker.lock().take() {
@@ -363,20 +442,18 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
         let tracked = stamp.as_ref().filter(|st| st.tracked).map(|st| st.seq);
         let result = if let Some(err) = s.sticky() {
             // Skipped: host fns and kernels are dropped unrun; records complete with the error.
-            if let TaskKind::Record(r) = &kind {
-                r.complete(Some(err));
-            }
+            kind.complete_records(err);
             drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
             Ok(())
         } else if core.faults.task_hit(s.id, pos) {
             let msg = "injected fault".to_string();
-            if let TaskKind::Record(r) = &kind {
-                r.complete(Some(task_failed(s, pos, name, &msg)));
-            }
+            kind.complete_records(task_failed(s, pos, name, &msg));
             drop(catch_unwind(AssertUnwindSafe(move || drop(kind))));
             Err(msg)
         } else {
-            match catch_unwind(AssertUnwindSafe(|| execute(core, s, pos, kind, stamp.as_ref()))) {
+            match catch_unwind(AssertUnwindSafe(|| {
+                execute_task(core, s, pos, kind, stamp.as_ref(), true)
+            })) {
                 Ok(r) => r,
                 Err(p) => Err(format!("panicked: {}", panic_message(p.as_ref()))),
             }
@@ -400,11 +477,11 @@ fn worker_loop(core: &DeviceCore, s: &StreamShared, rx: &Receiver<Task>) {
     }
 }
 
-fn task_failed(s: &StreamShared, pos: u64, name: &str, message: &str) -> DriverError {
+pub(crate) fn task_failed(s: &StreamShared, pos: u64, name: &str, message: &str) -> DriverError {
     DriverError::TaskFailed { stream: s.id, task: pos, name: name.into(), message: message.into() }
 }
 
-fn panic_message(p: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -428,35 +505,51 @@ fn sanitize(
     }
 }
 
-fn execute(
+/// Registers a task's ranges in flight in the memories `placement` found for them.
+fn acquire_placed<'m>(
+    core: &'m DeviceCore,
+    placement: Option<&'m Placement>,
+    owner: Owner,
+    ranges: &[Range],
+    exclusive_writes: bool,
+) -> Result<SpanningAccess<'m>, String> {
+    core.acquire_placed(placement, owner, ranges, exclusive_writes).map_err(|e| e.message())
+}
+
+/// Runs task `pos` of `s`; `charge_launch`: whether it pays the latency model's launch cost
+/// (a task of a graph launch does not: the launch paid it once).
+pub(crate) fn execute_task(
     core: &DeviceCore,
     s: &StreamShared,
     pos: u64,
     kind: TaskKind,
     stamp: Option<&Stamp>,
+    charge_launch: bool,
 ) -> Result<(), String> {
     let owner = Owner::Task { stream: s.id, task: pos };
     let lat = core.latency();
+    let launch = if charge_launch { lat.launch } else { std::time::Duration::ZERO };
     match kind {
         TaskKind::Host(f) => {
-            model_delay(lat.launch);
+            model_delay(launch);
             f();
             Ok(())
         }
         TaskKind::Kernel(k) => {
-            model_delay(lat.launch);
+            model_delay(launch);
             let ranges: Vec<Range> = k
                 .buffers
                 .iter()
                 .map(|b| Range { addr: b.ptr.addr(), len: b.len, mode: b.mode })
                 .collect();
             sanitize(s, pos, stamp, k.name, &ranges)?;
-            let acc = core.memory.acquire(owner, &ranges, true).map_err(|e| e.message())?;
+            let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
+            let acc = acquire_placed(core, placement.as_ref(), owner, &ranges, true)?;
             let body = k.body;
             body(&acc).map_err(|e| e.0)
         }
         TaskKind::Copy { dst, src, len, name } => {
-            model_delay(lat.launch);
+            model_delay(launch);
             let mut ranges: smallvec::SmallVec<[Range; 2]> = smallvec::SmallVec::new();
             if let End::Device(a) = dst {
                 ranges.push(Range { addr: a, len, mode: AccessMode::Write });
@@ -465,15 +558,19 @@ fn execute(
                 ranges.push(Range { addr: a, len, mode: AccessMode::Read });
             }
             sanitize(s, pos, stamp, name, &ranges)?;
-            let mut acc = core.memory.acquire(owner, &ranges, false).map_err(|e| e.message())?;
-            model_delay(lat.copy_time(len));
+            let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
+            let mut acc = acquire_placed(core, placement.as_ref(), owner, &ranges, false)?;
+            // Between two devices the copy crosses the link between them.
+            let across = ranges.len() == 2 && placement.as_ref().is_some_and(|p| p.across(0, 1));
+            model_delay(if across { lat.peer_copy_time(len) } else { lat.copy_time(len) });
             acc.copy(&dst, &src, len).map_err(|e| e.to_string())
         }
         TaskKind::Memset { dst, value, len } => {
-            model_delay(lat.launch);
+            model_delay(launch);
             let r = Range { addr: dst, len, mode: AccessMode::Write };
             sanitize(s, pos, stamp, "memset", &[r])?;
-            let mut acc = core.memory.acquire(owner, &[r], false).map_err(|e| e.message())?;
+            let placement = core.place(&[r], Check::Owners).map_err(|e| e.to_string())?;
+            let mut acc = acquire_placed(core, placement.as_ref(), owner, &[r], false)?;
             acc.fill(dst, value, len).map_err(|e| e.to_string())
         }
         TaskKind::Record(r) => {
@@ -484,6 +581,7 @@ fn execute(
             r.stream.wait_for(r.position);
             Ok(())
         }
+        TaskKind::Graph(g) => crate::graph::run(core, s, pos, g, stamp),
     }
 }
 
@@ -505,6 +603,9 @@ impl StreamHal for SimStream {
     }
 
     fn query(&self) -> DriverResult<bool> {
+        if let Some(cap) = self.shared.capture.current() {
+            return Err(cap.stream_captured("query", self.shared.id));
+        }
         if let Some(e) = self.shared.sticky() {
             return Err(e);
         }
@@ -517,24 +618,59 @@ impl StreamHal for SimStream {
     }
 
     fn host_fn(&self, f: HostFn) -> DriverResult<()> {
+        capture::refuse_once(&self.shared, "a host function")?;
         self.enqueue(|_| TaskKind::Host(f)).map(drop)
     }
 
     fn launch(&self, kernel: KernelLaunch) -> DriverResult<()> {
-        let ranges = kernel
-            .buffers
-            .iter()
-            .map(|b| device_range(b.ptr, b.len, b.mode))
-            .collect::<DriverResult<Vec<_>>>()?;
-        check_no_self_overlap(&ranges)?;
-        self.check_mapped(&ranges)?;
+        self.check_kernel(&kernel.buffers)?;
+        capture::refuse_once(&self.shared, &format!("kernel {}", kernel.name))?;
         self.enqueue(|_| TaskKind::Kernel(kernel)).map(drop)
+    }
+
+    fn host_fn_replayable(&self, f: ReplayableHostFn) -> DriverResult<()> {
+        if let Some(r) = capture::push(&self.shared, || Op::Host(Arc::clone(&f))) {
+            return r;
+        }
+        self.enqueue(|_| TaskKind::Host(Box::new(move || f()))).map(drop)
+    }
+
+    fn launch_replayable(&self, kernel: ReplayableKernel) -> DriverResult<()> {
+        self.check_kernel(&kernel.buffers)?;
+        if let Some(r) = capture::push(&self.shared, || Op::Kernel(kernel.clone())) {
+            return r;
+        }
+        self.enqueue(|_| TaskKind::Kernel(kernel.once())).map(drop)
+    }
+
+    fn begin_capture(&self, mode: CaptureMode) -> DriverResult<()> {
+        capture::begin(&self.shared, &self.core.captures, mode)
+    }
+
+    fn end_capture(&self) -> DriverResult<Box<dyn GraphHal>> {
+        let ended = capture::end(&self.shared, &self.core.captures)?;
+        Ok(Box::new(SimGraph::new(ended, Arc::clone(&self.core))))
+    }
+
+    fn capture_info(&self) -> DriverResult<CaptureInfo> {
+        Ok(capture::info(&self.shared))
+    }
+
+    fn capture_epoch(&self) -> u64 {
+        self.shared.capture.epoch()
     }
 
     fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, len: u64) -> DriverResult<()> {
         let d = device_range(dst, len, AccessMode::Write)?;
         let s = device_range(src, len, AccessMode::Read)?;
         self.check_mapped(&[d, s])?;
+        let (dst_end, src_end) = (CapEnd::Device(dst.addr()), CapEnd::Device(src.addr()));
+        let name = "copy_d2d";
+        if let Some(r) =
+            capture::push(&self.shared, || Op::Copy { dst: dst_end, src: src_end, len, name })
+        {
+            return r;
+        }
         self.enqueue(|_| TaskKind::Copy {
             dst: End::Device(dst.addr()),
             src: End::Device(src.addr()),
@@ -554,18 +690,23 @@ impl StreamHal for SimStream {
             ranges.push(device_range(p, len, AccessMode::Read)?);
         }
         self.check_mapped(&ranges)?;
+        let name = copy_name(dst, src);
+        let cap_end = |m: MemRef| match m {
+            MemRef::Device(p) => CapEnd::Device(p.addr()),
+            MemRef::Host(h) => CapEnd::Host { ptr: h, len: n },
+        };
+        let (cap_dst, cap_src) = (cap_end(dst), cap_end(src));
+        if let Some(r) =
+            capture::push(&self.shared, || Op::Copy { dst: cap_dst, src: cap_src, len, name })
+        {
+            return r;
+        }
         let end = |m: MemRef| match m {
             MemRef::Device(p) => End::Device(p.addr()),
             // SAFETY: the caller of `copy_async` guarantees host ends stay valid (and are not
             // otherwise accessed in a conflicting way) until the task completes; the span is
             // dropped by the worker when the task has run or been skipped.
             MemRef::Host(h) => End::Host(unsafe { HostSpan::new(h, n) }),
-        };
-        let name = match (dst, src) {
-            (MemRef::Device(_), MemRef::Host(_)) => "copy_h2d",
-            (MemRef::Host(_), MemRef::Device(_)) => "copy_d2h",
-            (MemRef::Device(_), MemRef::Device(_)) => "copy_d2d",
-            (MemRef::Host(_), MemRef::Host(_)) => "copy_h2h",
         };
         let (dst, src) = (end(dst), end(src));
         self.enqueue(|_| TaskKind::Copy { dst, src, len, name }).map(drop)
@@ -574,11 +715,18 @@ impl StreamHal for SimStream {
     fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         let r = device_range(dst, len, AccessMode::Write)?;
         self.check_mapped(&[r])?;
-        self.enqueue(|_| TaskKind::Memset { dst: dst.addr(), value, len }).map(drop)
+        let dst = dst.addr();
+        if let Some(r) = capture::push(&self.shared, || Op::Memset { dst, value, len }) {
+            return r;
+        }
+        self.enqueue(|_| TaskKind::Memset { dst, value, len }).map(drop)
     }
 
     fn record(&self, event: &dyn EventHal) -> DriverResult<u64> {
         let ev = downcast_event(event)?;
+        if let Some(r) = capture::record(&self.shared, ev) {
+            return r.map(|()| self.enqueued());
+        }
         if self.shared.san.is_none() && !self.core.faults.tasks_armed() {
             if let Some(pos) = self.record_idle(ev)? {
                 return Ok(pos);
@@ -596,6 +744,9 @@ impl StreamHal for SimStream {
 
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()> {
         let ev = downcast_event(event)?;
+        if let Some(r) = capture::wait(&self.shared, ev) {
+            return r;
+        }
         let latest = ev.latest();
         if let (Some(san), Some(clock)) =
             (&self.shared.san, latest.as_ref().and_then(|r| r.clock.as_ref()))

@@ -6,13 +6,15 @@
 //!   checkerboard) as pre-generated op sequences, and the generic replay loop;
 //! * [`baselines`]: the one [`baselines::Allocator`] trait every allocator under test is
 //!   driven through — soma (public API and engine alone), `offset-allocator`, a TLSF over
-//!   offsets, a replica of CANN SOMA's algorithm, a first-fit free list and the plain
-//!   driver path.
+//!   offsets, replicas of CANN SOMA's algorithm, of torch_npu's caching allocator and of
+//!   llama.cpp's CANN pool, a first-fit free list and the plain driver path;
+//! * [`driver_cost`]: driver calls by kind and the Ascend-like model of what they cost.
 //!
 //! The criterion benches in the workspace's top-level `benches/` and the `soma-replay`
 //! binary both use this library, so every figure is measured by the same code.
 
 pub mod baselines;
+pub mod driver_cost;
 pub mod trace;
 pub mod workload;
 

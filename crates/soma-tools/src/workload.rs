@@ -9,6 +9,7 @@ use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 
 use crate::baselines::Allocator;
+use crate::driver_cost::DriverCostModel;
 use crate::trace::{Op, TraceStats};
 use crate::MIB;
 
@@ -112,28 +113,34 @@ pub fn replay<A: Allocator>(a: &mut A, ops: &[Op], slots: usize) -> Vec<Option<A
 
 /// For profilers (`soma-hotpath random`, `soma-handles`): `replays` replays of RMM's
 /// `random_allocations` (`n`, `max_mib`) on the same allocator, each timed and printed with
-/// its driver calls and the allocator's reserved high-water mark. The first replay grows the
-/// allocator, later ones run warm; the instructions of one warm replay are the difference of
-/// two runs with different `replays`.
+/// its driver calls, their modelled time ([`DriverCostModel::ascend_like`]) and the
+/// allocator's reserved high-water mark. The first replay grows the allocator, later ones run
+/// warm; the instructions of one warm replay are the difference of two runs with different
+/// `replays`.
 ///
 /// # Panics
 ///
 /// If a replay leaves an allocation live (every replay frees what it allocated).
 pub fn print_random_replays<A: Allocator>(mut a: A, n: usize, max_mib: u64, replays: usize) {
     let w = random_allocations(n, max_mib, 16_000, SEED);
+    let model = DriverCostModel::ascend_like();
     for r in 0..replays {
         let before = a.driver_calls();
         let t = std::time::Instant::now();
         let h = replay(&mut a, &w.ops, w.slots);
         let ns = t.elapsed().as_nanos() as f64 / w.ops.len() as f64;
-        let calls = match (before, a.driver_calls()) {
-            (Some((m0, u0)), Some((m1, u1))) => format!(", {} maps / {} unmaps", m1 - m0, u1 - u0),
-            _ => String::new(),
-        };
+        let calls = a.driver_calls() - before;
         println!(
-            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op{calls}, reserved high {:.1} MiB",
+            "{}: random_allocations {n}x{max_mib} replay {r}: {} ops, {ns:.1} ns/op, \
+             {} maps / {} unmaps / {} mallocs / {} frees, modelled driver {:.1} ns/op, \
+             reserved high {:.1} MiB",
             a.name(),
             w.ops.len(),
+            calls.map,
+            calls.unmap,
+            calls.malloc,
+            calls.free,
+            model.ns_per_op(&calls, w.ops.len() as u64),
             a.reserved_high() as f64 / MIB as f64
         );
         assert!(h.iter().all(Option::is_none), "every replay frees what it allocated");

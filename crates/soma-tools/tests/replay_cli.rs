@@ -1,4 +1,5 @@
-//! `soma-replay` end to end: which streams a trace's ops run on.
+//! `soma-replay` end to end: which streams a trace's ops run on, its JSON output, its help and
+//! its errors.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -114,11 +115,111 @@ fn replays_a_bundled_trace() {
     assert!(field("peak_reserved") >= 578_544_704, "{json}");
 }
 
-/// Without a trace the usage names where the bundled traces are.
+/// Without arguments the help is printed as an error: it names where the bundled traces are.
 #[test]
 fn usage_points_at_the_bundled_traces() {
     let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("data/traces/"), "{text}");
+}
+
+/// `--help` succeeds and documents every option with its default.
+#[test]
+fn help_documents_every_option_and_its_default() {
+    let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let options = [
+        ("--alignment <BYTES>", "[default: the pool's, 512 B]"),
+        ("--max-size <BYTES>", "[default: the pool's, the device's total memory]"),
+        ("--release-threshold <BYTES>", "[default: the pool's, the max size]"),
+        ("--streams <N>", "[default: the trace's `stream` column"),
+        ("--shards <S>", "[default: 1]"),
+        ("--sync-every <K>", "[default: 0]"),
+        ("--capacity <BYTES>", "[default: 64G]"),
+        ("--no-recycle", "[default: recycling on]"),
+        ("--replays <R>", "[default: 1]"),
+        ("--resident", "[default: freed between replays]"),
+        ("--stream-per-replay", "[default: ops spread over the streams]"),
+        ("--sync-per-replay", "[default: no synchronization between replays]"),
+        ("--json", "instead of a table"),
+    ];
+    for (option, default) in options {
+        // The option's help runs from its name to the next option's.
+        let at = text.find(&format!("  {option}\n")).unwrap_or_else(|| panic!("{option}: {text}"));
+        let help: String = text[at + option.len() + 3..]
+            .lines()
+            .take_while(|line| !line.trim_start().starts_with('-'))
+            .collect();
+        assert!(help.contains(default), "{option}: {default} not in {help:?}");
+    }
+}
+
+/// Bad input is refused with exit code 2 and a message that names the option and the
+/// problem; a trace that cannot be read fails with exit code 1.
+#[test]
+fn bad_arguments_exit_with_code_2_and_say_what_is_wrong() {
+    let path = trace_file("bad_arguments.csv", TWO_STREAMS);
+    let path = path.to_str().unwrap();
+    for (args, message) in [
+        (&[path, "--streams", "0"][..], "'--streams <N>': must be at least 1"),
+        (&[path, "--replays", "0"], "'--replays <R>': must be at least 1"),
+        (&[path, "--max-size", "3Q"], "bad size \"3Q\""),
+        (&[path, "--sync-every", "x"], "'--sync-every <K>'"),
+        (&[path, "--stream-per-replay"], "--streams <N>"),
+        (&[path, "--no-such-option"], "unexpected argument '--no-such-option'"),
+        (&[path, path], "unexpected argument"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_soma-replay")).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains(message), "{args:?}: {message} not in {text}");
+    }
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_soma-replay")).arg("no/such/trace.csv").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("soma-replay: no/such/trace.csv"));
+}
+
+/// `--replays 3` reports every replay: the first maps what the trace needs, the later ones
+/// reuse it without a driver call; each replay's modelled driver time follows its calls.
+#[test]
+fn every_replay_reports_its_driver_calls() {
+    let path = trace_file("per_replay.csv", &TWO_STREAMS.replace(",5\n", ",0\n"));
+    let run = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_soma-replay"));
+        cmd.arg(&path).args(["--replays", "3"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = run(true);
+    let replays = &json[json.find("\"replays\":[").expect("a replays array")..];
+    // Every value of `name` in the replays array, in order.
+    let values = |name: &str| -> Vec<f64> {
+        replays
+            .match_indices(&format!("\"{name}\":"))
+            .map(|(at, _)| {
+                let rest = &replays[at + name.len() + 3..];
+                rest.split([',', '}']).next().unwrap().parse().unwrap()
+            })
+            .collect()
+    };
+    let maps = values("map_calls");
+    assert_eq!(maps.len(), 3, "{json}");
+    assert!(maps[0] > 0.0, "{json}");
+    assert_eq!(&maps[1..], &[0.0, 0.0], "{json}");
+    assert_eq!(values("unmap_calls"), [0.0, 0.0, 0.0], "{json}");
+    let driver = values("driver_ns_per_op");
+    assert!(driver[0] > 0.0 && driver[1..] == [0.0, 0.0], "{json}");
+    // The physical allocations behind the maps, by kind.
+    assert_eq!(values("alloc_physical"), maps, "{json}");
+    // The text report has one line per replay.
+    let text = run(false);
+    let table = &text[text.find("per replay").expect("a per-replay table")..];
+    assert_eq!(table.lines().count(), 4, "{text}");
 }

@@ -31,6 +31,7 @@
 //! | driver HAL | [`hal`] | object-safe traits a backend implements: memory, streams, events |
 //! | backends | [`sim`] (default), `ascend` (feature) | the software NPU; the CANN runtime |
 //! | typed handles | [`Device`], [`Stream`], [`Event`] | they feed the pool's happens-before knowledge |
+//! | graph capture | [`Graph`], [`CaptureMode`] | a stream's work recorded once and launched many times (CANN's model runtime instance) |
 //! | the pool | [`MemPool`], [`PoolAlloc`], [`attr`] | stream-ordered allocation |
 //!
 //! ## CPU concepts and their device counterparts
@@ -57,10 +58,12 @@
 pub use soma_core::hal;
 pub use soma_core::observe;
 pub use soma_core::{
-    attr, elapsed_ms, BufferOwner, Bytes, Device, DeviceBuffer, DeviceBufferMut, DriverAlloc,
-    Error, Event, EventWait, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
-    OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result,
-    ReuseCounts, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
+    attr, elapsed_ms, BufferOwner, Bytes, CaptureInfo, CaptureMode, CaptureStatus, Device,
+    DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, ExportedPointer, Graph,
+    HandleType, HostBuffer, HostTransfer, ImportedAlloc, ImportedPool, IpcErrorKind, KernelArg,
+    MemPool, MemPoolBuilder, OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc,
+    PoolDescriptor, PoolStats, Result, ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream,
+    StreamSync, View, ViewMut, MAX_STREAMS,
 };
 
 /// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):

@@ -18,6 +18,7 @@ use std::sync::Arc;
 pub use soma_sim::{sanitizer, ReportKind, SanitizerMode, SanitizerReport};
 pub use soma_sim::{
     CallCounts, FaultKind, Faults, LatencyModel, Product, SimDevice, SimStats, SimStream,
+    HCCS_BANDWIDTH, MAX_DEVICES,
 };
 
 use crate::{Device, Result, Stream};

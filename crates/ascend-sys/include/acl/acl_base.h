@@ -59,12 +59,24 @@ static const int ACL_ERROR_FEATURE_UNSUPPORTED = 200006;
 
 static const int ACL_ERROR_RT_PARAM_INVALID = 107000;
 static const int ACL_ERROR_RT_INVALID_HANDLE = 107017;
+static const int ACL_ERROR_RT_WAIT_TIMEOUT = 107019;
+/* Stream capture (aclmdlRICapture*). */
+static const int ACL_ERROR_RT_CAPTURE_DEPENDENCY = 107024;
+static const int ACL_ERROR_RT_STREAM_UNJOINED = 107025;
+static const int ACL_ERROR_RT_MODEL_CAPTURED = 107026;
+static const int ACL_ERROR_RT_STREAM_CAPTURED = 107027;
+static const int ACL_ERROR_RT_EVENT_CAPTURED = 107028;
+static const int ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029;
+static const int ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030;
+static const int ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT = 107031;
+static const int ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED = 107036;
 
 static const int ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000;
 static const int ACL_ERROR_RT_MEMORY_ALLOCATION = 207001; /* out of device memory */
 /* Outside the subset, as in CANN's header: what this runtime returns for a failed device task
  * or an injected fault (docs/c-api.md). */
 static const int ACL_ERROR_RT_INTERNAL_ERROR = 507899;
+static const int ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903;
 
 #ifdef __cplusplus
 }

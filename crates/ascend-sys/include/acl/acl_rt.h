@@ -1,7 +1,8 @@
 /*
  * acl_rt.h - the runtime part of the AscendCL (CANN runtime) C API subset declared by soma-rs:
- * devices, contexts, streams, events, host functions, memory, copies and virtual memory
- * management. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
+ * devices, contexts, streams, events, host functions, memory, copies, virtual memory
+ * management, physical memory shared between processes and model runtime instances built by
+ * stream capture. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
  *
  * Written by the soma-rs project from the public AscendCL documentation (declarations only).
  *
@@ -98,12 +99,38 @@ typedef enum {
     ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF = 0xFFFF
 } aclrtMemGranularityOptions;
 
+/* A model runtime instance: the tasks captured between aclmdlRICaptureBegin and
+ * aclmdlRICaptureEnd, run by aclmdlRIExecuteAsync / aclmdlRIExecute. */
+typedef void *aclmdlRI;
+
+/* Which threads may call the unsafe functions (aclrtMemcpy, aclrtMemset, asynchronous copies
+ * of pageable host memory) while a capture is active. */
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0,       /* no thread */
+    ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL = 1, /* every thread but the capturing one */
+    ACL_MODEL_RI_CAPTURE_MODE_RELAXED = 2       /* every thread */
+} aclmdlRICaptureMode;
+
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_STATUS_NONE = 0,       /* the stream is not capturing */
+    ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE = 1,     /* its tasks are captured */
+    ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED = 2 /* the capture failed; end it */
+} aclmdlRICaptureStatus;
+
 /* Devices. The current device is per thread. */
 ACL_FUNC_VISIBILITY aclError aclrtSetDevice(int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtResetDevice(int32_t deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtGetDevice(int32_t *deviceId);
 ACL_FUNC_VISIBILITY aclError aclrtGetDeviceCount(uint32_t *count);
 ACL_FUNC_VISIBILITY aclError aclrtSynchronizeDevice(void);
+
+/* Peer access between devices, per ordered pair: enabling it from the current device to
+ * peerDeviceId lets the current device's streams use peerDeviceId's memory (copies between
+ * the two devices with aclrtMemcpy / aclrtMemcpyAsync, kernels). flags must be 0. */
+ACL_FUNC_VISIBILITY aclError aclrtDeviceCanAccessPeer(int32_t *canAccessPeer, int32_t deviceId,
+                                                      int32_t peerDeviceId);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceDisablePeerAccess(int32_t peerDeviceId);
 
 /* Contexts. */
 ACL_FUNC_VISIBILITY aclError aclrtCreateContext(aclrtContext *context, int32_t deviceId);
@@ -162,6 +189,31 @@ ACL_FUNC_VISIBILITY aclError aclrtUnmapMem(void *virPtr);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
                                                               aclrtMemGranularityOptions option,
                                                               size_t *granularity);
+
+/* Physical memory shared between processes (IPC). flags of aclrtMemExportToShareableHandle: */
+#define ACL_RT_VMM_EXPORT_FLAG_DEFAULT 0x0UL /* only whitelisted processes may import */
+#define ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION 0x1UL /* any process may import */
+ACL_FUNC_VISIBILITY aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle,
+                                                             aclrtMemHandleType handleType,
+                                                             uint64_t flags,
+                                                             uint64_t *shareableHandle);
+ACL_FUNC_VISIBILITY aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle,
+                                                             int32_t *pid, size_t pidNum);
+ACL_FUNC_VISIBILITY aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle,
+                                                               int32_t deviceId,
+                                                               aclrtDrvMemHandle *handle);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceGetBareTgid(int32_t *pid);
+
+/* Model runtime instances built by capturing a stream ("ACL graph"). */
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureGetInfo(aclrtStream stream,
+                                                    aclmdlRICaptureStatus *status,
+                                                    aclmdlRI *modelRI);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI);
+ACL_FUNC_VISIBILITY aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode);
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream);
+ACL_FUNC_VISIBILITY aclError aclmdlRIExecute(aclmdlRI modelRI, int32_t timeout);
+ACL_FUNC_VISIBILITY aclError aclmdlRIDestroy(aclmdlRI modelRI);
 
 #ifdef __cplusplus
 }

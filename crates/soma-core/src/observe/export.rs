@@ -15,7 +15,22 @@ use crate::error::Bytes;
 /// `stream` (backend stream id, 0 = none), `offset`, `size`, `requested`, `used`,
 /// `reserved` (bytes, after the event), `reuse` ([`reuse_name`] or `null`), `location`
 /// (`{"file","line","column"}` or `null`). Every number is an unsigned integer.
+///
+/// With the `serde` feature each line is `serde_json`'s output for the [`Record`].
 pub fn json_lines(records: &[Record]) -> String {
+    #[cfg(feature = "serde")]
+    {
+        super::serialize::json_lines(records)
+    }
+    #[cfg(not(feature = "serde"))]
+    {
+        json_lines_by_hand(records)
+    }
+}
+
+/// [`json_lines`] without `serde`; with it, the reference its output is tested against.
+#[cfg(any(test, not(feature = "serde")))]
+pub(crate) fn json_lines_by_hand(records: &[Record]) -> String {
     let mut out = String::with_capacity(records.len() * 160);
     for r in records {
         let mut o = Object::new(&mut out);

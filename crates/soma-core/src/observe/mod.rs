@@ -10,8 +10,14 @@
 //! | memory timeline picture | [`History::to_svg`], [`timeline_svg`] | an SVG: used / reserved lines and stacked live allocations |
 //! | [`Snapshot`] | [`MemPool::snapshot`](crate::MemPool::snapshot) | segments and blocks now, with their state; [`Snapshot::to_json`] |
 //!
-//! Everything here is written by hand (no serialisation dependency); strings are escaped per
-//! RFC 8259 / XML, so the output parses with any JSON or XML reader.
+//! Strings are escaped per RFC 8259 / XML, so the output parses with any JSON or XML reader.
+//! Without the `serde` feature everything is written by hand (no serialisation dependency).
+//! With it, [`Record`], [`Snapshot`] and their parts implement `serde::Serialize` and
+//! `Deserialize`, and the JSON lines and [`Snapshot::to_json`] are written by `serde_json` from
+//! those implementations, byte for byte as without the feature. The Chrome trace stays
+//! hand-written in both: it is a document built from the records, not one of their values,
+//! and its times are fixed-point microseconds (`1234.500`), a number format `serde_json`'s
+//! floating-point output does not keep.
 //!
 //! Because the ring keeps only the last records, an export may start in the middle of an
 //! allocation's life: a free whose allocation was dropped from the ring is treated as an
@@ -26,6 +32,8 @@ use crate::engine::ReuseKind;
 mod export;
 mod json;
 mod lifetimes;
+#[cfg(feature = "serde")]
+mod serialize;
 mod snapshot;
 mod svg;
 
@@ -33,16 +41,15 @@ pub use export::{chrome_trace, json_lines, trace_csv};
 pub use snapshot::{BlockStatus, Snapshot, SnapshotBlock, SnapshotSegment};
 pub use svg::{timeline_svg, SvgOptions};
 
-/// `s` as a JSON string literal, quotes included (RFC 8259 escaping), for tools that write
-/// JSON next to the pool's exports (`soma-replay --json`).
-pub fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    json::string(&mut out, s);
-    out
-}
-
 /// What happened.
+///
+/// With the `serde` feature it serializes as its [name in exports](Self::as_str).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum RecordKind {
     /// An allocation was served ([`Record::reuse`] says from where).
     Alloc,
@@ -90,7 +97,10 @@ pub const fn reuse_name(kind: ReuseKind) -> &'static str {
 
 /// Free bytes cached on another stream that an allocation could not use (see
 /// [`OutOfMemory::pending`](crate::OutOfMemory::pending)).
+///
+/// With the `serde` feature it serializes as `{"stream":…,"bytes":…}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PendingFree {
     /// Backend id of the stream they were freed on (0 when that stream no longer exists).
     pub stream: u64,
@@ -99,7 +109,14 @@ pub struct PendingFree {
 }
 
 /// One entry of the history.
+///
+/// With the `serde` feature it serializes as the object of a line of [`json_lines`] (the
+/// field names, in this order; `kind` and `reuse` by name, `location` as
+/// `{"file","line","column"}` or `null`). Deserializing reads such an object back with
+/// `location: None`: a [`Location`] cannot be built outside the compiler, so the caller's
+/// source location is read and dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Record {
     /// Nanoseconds since the pool was created.
     pub t_ns: u64,
@@ -121,6 +138,7 @@ pub struct Record {
     pub reuse: Option<ReuseKind>,
     /// The caller's source location, for allocations and frees made through `#[track_caller]`
     /// entry points.
+    #[cfg_attr(feature = "serde", serde(with = "serialize::location"))]
     pub location: Option<&'static Location<'static>>,
 }
 
@@ -272,6 +290,9 @@ mod trace_hooks {
     pub(crate) fn trace_oom(error: &crate::Error) {
         tracing::warn!(%error, "soma pool out of memory");
     }
+    pub(crate) fn trace_release_failed(cause: &'static str, error: &crate::hal::DriverError) {
+        tracing::debug!(cause, %error, "soma pool kept memory the backend would not release");
+    }
 }
 
 #[cfg(not(feature = "tracing"))]
@@ -280,9 +301,12 @@ mod trace_hooks {
     pub(crate) fn trace_map(_: u64, _: u64, _: u64) {}
     pub(crate) fn trace_trim(_: &'static str, _: u64, _: u64) {}
     pub(crate) fn trace_oom(_: &crate::Error) {}
+    pub(crate) fn trace_release_failed(_: &'static str, _: &crate::hal::DriverError) {}
 }
 
-pub(crate) use trace_hooks::{trace_map, trace_oom, trace_pool_created, trace_trim};
+pub(crate) use trace_hooks::{
+    trace_map, trace_oom, trace_pool_created, trace_release_failed, trace_trim,
+};
 
 #[cfg(test)]
 mod tests {

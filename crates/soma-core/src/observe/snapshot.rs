@@ -2,12 +2,19 @@
 
 use std::fmt;
 
-use super::json::Object;
 use crate::engine::{BlockInfo, BlockState, StreamSlot};
 use crate::error::Bytes;
 
 /// What a block of a [`Snapshot`] holds.
+///
+/// With the `serde` feature it serializes as an object tagged by `state` (`live`, `cached`,
+/// `free`), with a cached block's fields after the tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(tag = "state", rename_all = "snake_case")
+)]
 pub enum BlockStatus {
     /// Handed out to an allocation.
     Live,
@@ -41,19 +48,25 @@ impl BlockStatus {
 }
 
 /// One block of a [`Snapshot`].
+///
+/// With the `serde` feature it serializes as `{"offset","size","state",…}`: the status's
+/// fields follow the size, as in [`Snapshot::to_json`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SnapshotBlock {
     /// Offset in the pool's range.
     pub offset: u64,
     /// Size in bytes.
     pub size: u64,
     /// What it holds.
+    #[cfg_attr(feature = "serde", serde(flatten))]
     pub status: BlockStatus,
 }
 
 /// A run of mapped memory of a [`Snapshot`]: maximal contiguous mapped addresses (one or
 /// more driver mappings that happen to be adjacent) and the blocks that tile it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SnapshotSegment {
     /// Offset in the pool's range.
     pub offset: u64,
@@ -67,7 +80,8 @@ pub struct SnapshotSegment {
 /// totals; from [`MemPool::snapshot`](crate::MemPool::snapshot). Unmapped address space is
 /// not listed.
 ///
-/// [`to_json`](Self::to_json) gives it as JSON; `Display` gives a short summary.
+/// [`to_json`](Self::to_json) gives it as JSON; `Display` gives a short summary. With the
+/// `serde` feature it implements `Serialize` and `Deserialize` in the shape of that JSON.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Snapshot {
@@ -192,7 +206,27 @@ impl Snapshot {
     /// ```
     ///
     /// Every number is an unsigned integer (bytes, or nanoseconds for `t_ns`).
+    ///
+    /// With the `serde` feature this is `serde_json`'s output for the snapshot, whose
+    /// `Serialize` writes this object (and whose `Deserialize` reads it back; the totals'
+    /// counts and `cached_by_stream` follow from the segments and are not read).
     pub fn to_json(&self) -> String {
+        #[cfg(feature = "serde")]
+        {
+            super::serialize::to_json(self)
+        }
+        #[cfg(not(feature = "serde"))]
+        {
+            self.to_json_by_hand()
+        }
+    }
+
+    /// [`to_json`](Self::to_json) without `serde`; with it, the reference its output is
+    /// tested against.
+    #[cfg(any(test, not(feature = "serde")))]
+    pub(crate) fn to_json_by_hand(&self) -> String {
+        use super::json::Object;
+
         let mut out = String::with_capacity(256 + self.blocks().count() * 64);
         let blocks = self.blocks().count() as u64;
         let mut o = Object::new(&mut out);

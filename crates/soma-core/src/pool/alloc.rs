@@ -7,7 +7,7 @@ use super::api::MemPool;
 use super::handle::{Handle, Relocatable, StreamUse};
 use crate::buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, Sealed};
 use crate::device::Device;
-use crate::engine::BlockId;
+use crate::engine::{BlockId, ReuseKind};
 use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
@@ -151,8 +151,9 @@ impl<T> PoolAlloc<'_, T> {
     /// dropped, and its use list, moved out (nothing else in the handle owns heap memory, and
     /// its pool and stream are borrows, so nothing leaks).
     fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamUse; 2]>) {
-        let this = ManuallyDrop::new(self);
-        let uses = this.0.uses.take();
+        let mut this = ManuallyDrop::new(self);
+        // Moved out, so that the list's box is dropped here (the handle's fields are not).
+        let uses = std::mem::take(&mut this.0.uses).take();
         (this, uses)
     }
 
@@ -171,9 +172,47 @@ impl<T> PoolAlloc<'_, T> {
         self.len() == 0
     }
 
+    /// The reuse rule that served this allocation when it was made: `None` for fresh memory
+    /// (never used, or newly mapped) and for a native pool, whose driver does not tell.
+    /// Moving the allocation (compaction, a hand-off) does not change it. The same answer
+    /// as the history's `reuse` field, without a history.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{MemPool, ReuseKind};
+    /// let (s1, s2) = (dev.create_stream()?, dev.create_stream()?);
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let a = pool.alloc_async::<u8>(4096, &s1)?;
+    /// assert_eq!(a.reuse_kind(), None);
+    /// drop(a);
+    /// let b = pool.alloc_async::<u8>(4096, &s1)?;
+    /// assert_eq!(b.reuse_kind(), Some(ReuseKind::SameStream));
+    /// drop(b);
+    /// s2.wait_event(&s1.record_event()?)?;
+    /// assert_eq!(pool.alloc_async::<u8>(4096, &s2)?.reuse_kind(), Some(ReuseKind::EventDependency));
+    /// # Ok(()) }
+    /// ```
+    pub fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.0.reuse_kind()
+    }
+
     /// Size in bytes as requested (the block is rounded up to the pool's alignment).
     pub fn byte_len(&self) -> u64 {
         self.0.byte_len()
+    }
+
+    /// Names the allocation for another process that imported its pool
+    /// ([`ImportedPool::open`](crate::ImportedPool::open)). From now on its free waits for
+    /// every importer that opened it to release it, and it cannot be compacted. See
+    /// [`MemPool::export`].
+    ///
+    /// # Errors
+    /// [`IpcErrorKind::NotExportable`](crate::IpcErrorKind::NotExportable) for a pool not
+    /// built with [`HandleType::Posix`](crate::HandleType::Posix).
+    pub fn export_pointer(&self) -> Result<crate::ExportedPointer> {
+        self.0.export_pointer()
     }
 }
 

@@ -7,6 +7,7 @@ use std::panic::Location;
 use super::backing::AllocError;
 use super::core::{HistoryEntry, PoolCore, PoolInner};
 use super::free::wait_for_uses;
+use super::handle::{Origin, StreamUse};
 use super::oom::{retry_after_oom, Outcome};
 use super::order::Order;
 use super::policy::OomAction;
@@ -23,14 +24,18 @@ pub(crate) struct Granted {
     pub(crate) block: Option<BlockId>,
     pub(crate) ptr: DevicePtr,
     pub(crate) size: u64,
-    /// The shard whose engine holds `block` (0 unless the pool is sharded).
-    pub(crate) shard: u8,
+    /// The shard whose engine holds `block` (0 unless the pool is sharded) and the rule
+    /// that served it.
+    pub(crate) origin: Origin,
 }
 
 /// One allocation request as it goes through a core.
 pub(super) struct Request<'r> {
-    /// Bytes asked for (the block is rounded to the pool's alignment).
+    /// Bytes asked for (the block is rounded to `align`).
     pub(super) bytes: u64,
+    /// The block's alignment: the pool's, or more for `alloc_aligned_async` (0 means the
+    /// pool's).
+    pub(super) align: u64,
     pub(super) stream: &'r Stream<'r>,
     /// The caller's source location, for the history.
     pub(super) location: Option<&'static Location<'static>>,
@@ -54,7 +59,12 @@ impl PoolCore {
         let size = self.block_size(bytes)?;
         let slot = stream.slot();
         let f = ring.pop_only_if(|f| f.tag.stream == slot && f.size == size)?;
-        Some(Granted { block: Some(f.block), ptr: self.ptr_at(f.offset), size, shard: self.shard })
+        Some(Granted {
+            block: Some(f.block),
+            ptr: self.ptr_at(f.offset),
+            size,
+            origin: self.ringed_origin,
+        })
     }
 
     /// Allocates `req.bytes` for `req.stream` (rounded to the pool's alignment), waiting for
@@ -88,7 +98,7 @@ impl PoolCore {
             if let Some(e) = self.take_sticky(&mut inner) {
                 return Err(e);
             }
-            self.alloc_locked(&mut inner, req.bytes, req.stream, &order)
+            self.alloc_locked(&mut inner, req, &order)
         };
         let allocation = match first {
             // The common case reads the engine's answer where it landed: no moves of it.
@@ -113,7 +123,7 @@ impl PoolCore {
         req: &Request<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
-        self.alloc_locked(&mut self.lock(), req.bytes, req.stream, order)
+        self.alloc_locked(&mut self.lock(), req, order)
     }
 
     /// One engine allocation under the lock `inner`. Out of line: inlined into the public
@@ -123,12 +133,12 @@ impl PoolCore {
     fn alloc_locked(
         &self,
         inner: &mut PoolInner,
-        bytes: u64,
-        stream: &Stream<'_>,
+        req: &Request<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
         let (engine, mut backing) = inner.parts(self);
-        engine.alloc(bytes, self.alignment, stream.slot(), order, &mut backing)
+        let align = self.alignment.max(req.align);
+        engine.alloc(req.bytes, align, req.stream.slot(), order, &mut backing)
     }
 
     pub(super) fn granted(&self, a: &Allocation) -> Granted {
@@ -136,7 +146,7 @@ impl PoolCore {
             block: Some(a.block),
             ptr: self.ptr_at(a.offset),
             size: a.size,
-            shard: self.shard,
+            origin: Origin::new(self.shard, a.reuse),
         }
     }
 
@@ -201,5 +211,5 @@ pub(super) fn insert_dependency(tag: FreeTag, stream: &Stream<'_>) -> Result<()>
     // An event recorded on the freeing stream now (after the free), waited on by `stream`:
     // exactly what ordering after a recorded use does. A dropped stream has drained, so its
     // free is complete and nothing is inserted.
-    wait_for_uses(stream, &[(tag.stream, tag.pos)])
+    wait_for_uses(stream, &[StreamUse::Local(tag.stream, tag.pos)])
 }

@@ -46,6 +46,10 @@ use crate::stream::Stream;
 /// assert!(pool.get::<attr::ReservedMemCurrent>()? >= 4 << 20);
 /// # Ok(()) }
 /// ```
+///
+/// Dropping a pool never blocks: memory that work enqueued before the drop may still use
+/// (frees in flight, raw blocks) is released by the device once that work has completed, at
+/// its next synchronisation, stream drop or pool creation or drop (see the `Drop` impl).
 pub struct MemPool<'d> {
     /// A handle to the device (reference-counted); `'d` is the borrow the API promises.
     device: Device,
@@ -105,6 +109,14 @@ impl<'d> MemPool<'d> {
             PoolKind::Engine(core) => Backend::Engine(Cores::single(core)),
             PoolKind::Sharded(shards) => Backend::Engine(shards.cores()),
             PoolKind::Native(native) => Backend::Native(native),
+        }
+    }
+
+    /// The core of an engine pool of one core (`None`: sharded or native).
+    pub(super) fn single_core(&self) -> Option<&Arc<PoolCore>> {
+        match &self.kind {
+            PoolKind::Engine(core) => Some(core),
+            PoolKind::Sharded(_) | PoolKind::Native(_) => None,
         }
     }
 
@@ -217,6 +229,83 @@ impl<'d> MemPool<'d> {
         self.allocate_typed(bytes, stream, location, &mut on_oom, handle)
     }
 
+    /// Allocates `len` elements of `T` for use on `stream` in a block whose first byte and
+    /// length are multiples of `align`: a power of two from the pool's
+    /// [`alignment`](Self::alignment) up to the device granularity (2 MiB on Ascend, what
+    /// HCCL wants of the memory it registers). The rest of the block beyond `len` elements
+    /// (up to the next multiple of `align`) belongs to the allocation; no other allocation is
+    /// carved from it. Requests that do not ask for more than the pool's alignment are
+    /// served exactly as by [`alloc_async`](Self::alloc_async).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().build(&dev)?;
+    /// let _small = pool.alloc_async::<u8>(1000, &s)?;
+    /// let comm = pool.alloc_aligned_async::<f32>(1000, 2 << 20, &s)?;
+    /// assert_eq!(comm.device_ptr().addr() % (2 << 20), 0);
+    /// assert!(pool.alloc_aligned_async::<u8>(1, 3000, &s).is_err()); // not a power of two
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`alloc_async`](Self::alloc_async); [`Error::InvalidArgument`] for an alignment
+    /// that is not a power of two between the pool's alignment and the granularity, or on a
+    /// native pool (CANN's pool takes no alignment).
+    #[track_caller]
+    pub fn alloc_aligned_async<'s, T: bytemuck::Pod + Send + Sync>(
+        &'s self,
+        len: usize,
+        align: u64,
+        stream: &'s Stream<'d>,
+    ) -> Result<PoolAlloc<'s, T>> {
+        stream.check_device(&self.device, "the pool")?;
+        let bytes = bytes_for::<T>(len)?;
+        let handle = |g| PoolAlloc::new(self, stream, g, len);
+        self.allocate_aligned(bytes, align, stream, Location::caller(), handle)
+    }
+
+    /// Allocates with alignment `align` (checked) for a typed handle made by `handle`: never
+    /// from the free ring, whose blocks are sized for the pool's alignment.
+    pub(super) fn allocate_aligned<H>(
+        &self,
+        bytes: u64,
+        align: u64,
+        stream: &Stream<'_>,
+        location: &'static Location<'static>,
+        handle: impl Fn(Granted) -> H,
+    ) -> Result<H> {
+        stream.refuse_in_capture("a pool allocation")?;
+        let granularity = self.device.info().granularity;
+        if !align.is_power_of_two() || align < self.alignment() || align > granularity {
+            return Err(Error::InvalidArgument(format!(
+                "alignment {align} is not a power of two from the pool's alignment {} to the \
+                 granularity {granularity}",
+                self.alignment()
+            )));
+        }
+        let fail = &mut |_: &OutOfMemory| OomAction::Fail;
+        let location = Some(location);
+        let granted = match &self.kind {
+            PoolKind::Engine(core) => {
+                core.allocate(&Request { bytes, align, stream, location, peers: &[] }, fail)?
+            }
+            PoolKind::Sharded(shards) => shards.allocate(bytes, align, stream, location, fail)?,
+            PoolKind::Native(native) if align == native.alignment => {
+                native.allocate(bytes, stream, fail)?
+            }
+            PoolKind::Native(_) => {
+                return Err(Error::InvalidArgument(
+                    "a native (CANN) pool takes no alignment beyond its own".into(),
+                ))
+            }
+        };
+        Ok(handle(granted))
+    }
+
     /// Allocates for a typed handle, which `handle` makes of the block: the free ring's only
     /// free when it fits (see `free_ring.rs`), else from the engine (the stream's shard of a
     /// sharded pool) or the driver's pool.
@@ -233,15 +322,16 @@ impl<'d> MemPool<'d> {
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         handle: impl Fn(Granted) -> H,
     ) -> Result<H> {
+        stream.refuse_in_capture("a pool allocation")?;
         let location = Some(location);
         let granted = match &self.kind {
             PoolKind::Engine(core) => {
                 if let Some(g) = core.reuse_ringed(bytes, stream) {
                     return Ok(handle(g));
                 }
-                core.allocate(&Request { bytes, stream, location, peers: &[] }, on_oom)?
+                core.allocate(&Request { bytes, align: 0, stream, location, peers: &[] }, on_oom)?
             }
-            PoolKind::Sharded(shards) => shards.allocate(bytes, stream, location, on_oom)?,
+            PoolKind::Sharded(shards) => shards.allocate(bytes, 0, stream, location, on_oom)?,
             PoolKind::Native(native) => native.allocate(bytes, stream, on_oom)?,
         };
         Ok(handle(granted))
@@ -250,22 +340,41 @@ impl<'d> MemPool<'d> {
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
     /// freed with [`free_raw`](Self::free_raw) (or it is released when the pool is dropped).
     ///
+    /// Returns the block's first byte and its size: `bytes` rounded up to the pool's
+    /// [`alignment`](Self::alignment), the bytes the block holds and what
+    /// [`PoolStats::used`] counts for it (the C API reports no size).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::MemPool;
+    /// let s = dev.create_stream()?;
+    /// let pool = MemPool::builder().raw_pointers(true).build(&dev)?;
+    /// let (ptr, size) = pool.alloc_raw(1000, &s)?;
+    /// assert_eq!(size, 1024); // rounded to the 512-byte alignment
+    /// assert_eq!(pool.stats().used, size);
+    /// pool.free_raw(ptr, &s)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
         stream.check_device(&self.device, "the pool")?;
+        stream.refuse_in_capture("a pool allocation")?;
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
         let fail = &mut |_: &OutOfMemory| OomAction::Fail;
-        let request = Request { bytes, stream, location: None, peers: &[] };
+        let request = Request { bytes, align: 0, stream, location: None, peers: &[] };
         let g = match &self.kind {
             PoolKind::Engine(core) => core.allocate(&request, fail)?,
-            PoolKind::Sharded(shards) => shards.allocate(bytes, stream, None, fail)?,
+            PoolKind::Sharded(shards) => shards.allocate(bytes, 0, stream, None, fail)?,
             PoolKind::Native(native) => native.allocate(bytes, stream, fail)?,
         };
         if let (Some(block), Backend::Engine(cores)) = (g.block, self.backend()) {
-            cores.core_at(g.shard).lock().raw_blocks.insert(block);
+            cores.core_at(g.origin.shard()).lock().raw_blocks.insert(block);
         }
         Ok((g.ptr, g.size))
     }
@@ -277,6 +386,7 @@ impl<'d> MemPool<'d> {
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
         stream.check_device(&self.device, "the pool")?;
+        stream.refuse_in_capture("a pool free")?;
         let cores = match self.backend() {
             Backend::Engine(cores) => cores,
             Backend::Native(native) => return native.free(ptr, stream, &[]),
@@ -362,7 +472,10 @@ impl<'d> MemPool<'d> {
     /// Returns the bytes released.
     ///
     /// # Errors
-    /// `bytes` above the pool's max size; backend failures (accounting stays exact).
+    /// `bytes` above the pool's max size; backend failures, including a backend that refuses
+    /// to unmap memory a use the pool was not told of still runs on (accounting stays exact;
+    /// what could not go stays cached). The release threshold applied at a synchronisation
+    /// reports no such failure: it keeps the memory for a later release.
     pub fn trim_to(&self, bytes: u64) -> Result<u64> {
         self.take_sticky()?;
         if bytes > self.max_size() {
@@ -377,7 +490,9 @@ impl<'d> MemPool<'d> {
         }
     }
 
-    /// A consistent snapshot of the pool's counters; O(1).
+    /// A consistent snapshot of the pool's counters; O(1) in blocks, except for
+    /// [`PoolStats::pending_bytes`] while frees are cached on a stream: O(those cached
+    /// blocks).
     pub fn stats(&self) -> PoolStats {
         match self.backend() {
             Backend::Engine(cores) => cores.stats(),
@@ -415,6 +530,11 @@ impl<'d> MemPool<'d> {
         for a in allocations.iter() {
             if !std::ptr::eq(a.pool(), self) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
+            }
+            if cores.first().is_exported(a.device_ptr()) {
+                return Err(Error::InvalidArgument(
+                    "compact: an exported allocation cannot move (another process maps it)".into(),
+                ));
             }
             let own = a.stream();
             if own.slot() != stream.slot() || !own.device().same_as(stream.device()) {

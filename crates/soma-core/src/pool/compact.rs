@@ -1,5 +1,6 @@
 //! Compaction ([`MemPool::compact`](super::MemPool::compact)): moving a stream's allocations
-//! to the lowest free addresses below them, with stream-ordered device-to-device copies.
+//! to the lowest free addresses below them, with stream-ordered device-to-device copies,
+//! mapping unmapped space there when the mapped free space does not fit them.
 
 use super::allocate::insert_dependency;
 use super::free::wait_for_uses;
@@ -13,7 +14,8 @@ use crate::stream::Stream;
 
 impl Cores<'_> {
     /// Moves each of `allocations` (all of this pool and of `stream`, checked by the caller)
-    /// to a lower free block of its shard, if there is one; returns how many moved.
+    /// to a lower free block of its shard, if there is one or one can be mapped; returns how
+    /// many moved.
     pub(super) fn compact<A: Relocatable>(
         self,
         stream: &Stream<'_>,
@@ -27,7 +29,14 @@ impl Cores<'_> {
             let core = self.core_at(a.shard());
             let order = Order::for_request(core, stream);
             let Some(block) = a.block() else { continue };
-            let target = core.lock().engine.relocate_lower(block, stream.slot(), &order);
+            // Free space below that recycling or a release unmapped is mapped again (within
+            // max_size): compaction is what an out-of-memory report recommends right after
+            // the failed request's retry gave idle memory back.
+            let target = {
+                let mut inner = core.lock();
+                let (engine, mut backing) = inner.parts(core);
+                engine.relocate_lower_mapping(block, stream.slot(), &order, &mut backing)?
+            };
             let Some(target) = target else { continue };
             if let Some(tag) = target.dependency {
                 if let Err(e) = insert_dependency(tag, stream) {

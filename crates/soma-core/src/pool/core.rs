@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use super::backing::HalBacking;
 use super::free_ring::FreeRing;
+use super::handle::Origin;
+use super::ipc::ExportState;
 use super::passthrough::Passthrough;
 use super::policy::{OomHook, Settings};
 use super::shards::Budget;
@@ -35,6 +37,8 @@ pub(super) struct CoreSpec {
     pub(super) settings: Arc<Settings>,
     pub(super) created: Instant,
     pub(super) id: u64,
+    /// Built with `HandleType::Posix`: the pool can be shared with other processes.
+    pub(super) shareable: bool,
 }
 
 /// The shared part of an engine-backed pool, or of one of its shards (reachable from the
@@ -47,6 +51,8 @@ pub(crate) struct PoolCore {
     pub(super) id: u64,
     /// This core's index among the pool's shards (0 when the pool is not sharded).
     pub(super) shard: u8,
+    /// The origin of a block the free ring hands back: this shard, a same-stream reuse.
+    pub(super) ringed_origin: Origin,
     pub(super) settings: Arc<Settings>,
     /// The pool-wide limit and counters of a sharded pool (`None`: one shard, whose engine
     /// keeps them), shared with the other shards: every map claims its size from it first.
@@ -73,6 +79,8 @@ pub(crate) struct PoolCore {
     /// Set whenever a sticky error is stored (cleared when it is taken): the lock-free
     /// allocation path leaves it to the locked one to report.
     sticky_hint: AtomicBool,
+    /// The sharing state of a pool built with `HandleType::Posix` (see `ipc/`).
+    pub(super) ipc: Option<ExportState>,
 }
 
 /// The state of a core that its lock guards.
@@ -215,6 +223,8 @@ impl PoolCore {
             engine.set_segments_per_growth(spec.segments_per_growth);
         }
         engine.set_recycle_on_growth(spec.recycle_on_growth);
+        // Memory of pools dropped earlier whose work has completed goes back first.
+        device.deferred.release_complete(device);
         let hal = &device.hal;
         let preallocated = !hal.info().supports_vmm;
         // Without VMM: one malloc segment of the whole range, held for the pool's life.
@@ -228,6 +238,7 @@ impl PoolCore {
             alignment: spec.alignment,
             id: spec.id,
             shard,
+            ringed_origin: Origin::new(shard, Some(ReuseKind::SameStream)),
             settings: Arc::clone(&spec.settings),
             budget: budget.cloned(),
             torn_down: AtomicBool::new(false),
@@ -248,12 +259,18 @@ impl PoolCore {
             passthrough: spec.passthrough.then(Passthrough::default),
             history_on: spec.history > 0,
             // Every free must reach the engine at once for the sanitizer's annotations, the
-            // history and pass-through mode. In a sharded pool a ring would be drained only
+            // history, pass-through mode and a shareable pool (whose frees may wait for
+            // importers). In a sharded pool a ring would be drained only
             // when its own shard is locked, so the pool-wide `used` (and its high-water mark)
             // would count frees waiting there: frees lock instead.
-            free_ring: (!spec.passthrough && spec.history == 0 && !annotate && budget.is_none())
+            free_ring: (!spec.passthrough
+                && spec.history == 0
+                && !annotate
+                && budget.is_none()
+                && !spec.shareable)
                 .then(FreeRing::new),
             sticky_hint: AtomicBool::new(false),
+            ipc: spec.shareable.then(ExportState::default),
         });
         let weak: Weak<PoolCore> = Arc::downgrade(&core);
         device.register_listener(weak);

@@ -6,7 +6,7 @@ use std::panic::Location;
 
 use super::core::{HistoryEntry, PoolCore};
 use super::free_ring::RingedFree;
-use super::handle::StreamUse;
+use super::handle::{PeerUse, StreamUse};
 use crate::engine::{BlockId, BlockState, FreeError, FreeTag};
 use crate::error::{Error, Result};
 use crate::hal::{DevicePtr, PoolAnnotation};
@@ -34,6 +34,11 @@ impl PoolCore {
     /// as [`PoolCore::free_block`].
     #[inline]
     pub(super) fn free_typed(&self, f: &TypedFree<'_>) -> Result<()> {
+        // One load tells whether the stream needs anything but the fast path.
+        let flags = f.stream.flags();
+        if flags & crate::stream::CAPTURED != 0 {
+            f.stream.refuse_if_capturing("a pool free")?;
+        }
         let (Some(ring), Some(block)) = (&self.free_ring, f.block) else {
             return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
         };
@@ -46,7 +51,7 @@ impl PoolCore {
             block,
             offset: f.ptr.offset_from(self.base).unwrap_or(0),
             size,
-            tag: FreeTag { stream: f.stream.slot(), pos: f.stream.position() },
+            tag: FreeTag { stream: f.stream.slot(), pos: f.stream.positions_with(flags).1 },
         };
         if ring.push(ringed).is_err() {
             // Full: drain it (the lock does) and free directly.
@@ -105,6 +110,8 @@ impl PoolCore {
                     Error::InvalidArgument(format!("free of block {block:?}: double free"))
                 })?;
             }
+            // Held by another process: freed when the last importer releases it.
+            _ if self.held_by_importers(&inner.engine, block, tag) => {}
             _ => inner.engine.free(block, tag).map_err(|e| free_failed(block, &e))?,
         }
         if let Some(info) = info.filter(|_| inner.history.is_some()) {
@@ -135,13 +142,23 @@ pub(super) fn wait_for_uses(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<(
 #[inline(never)]
 fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
     let device = &stream.device().shared;
-    for &(user, at) in uses {
+    for used in uses {
+        let (user, at) = match used {
+            StreamUse::Local(user, at) => (*user, *at),
+            StreamUse::Peer(peer) => {
+                wait_for_peer_use(stream, peer)?;
+                continue;
+            }
+        };
         if user == stream.slot() {
             continue;
         }
         // A stream that held the slot before the live one was dropped, which drained it:
         // nothing to wait for (and the live stream never touched this block).
         if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
+            // A record on a capturing stream would be captured, and the wait on it would make
+            // the freeing stream join that capture.
+            crate::graph::refuse_capturing(&*live.hal, "ordering a pool free after a use")?;
             let event = device.hal.create_event()?;
             let pos = live.hal.record(&*event)?;
             stream.wait_raw(&*event)?;
@@ -149,6 +166,18 @@ fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes `stream` wait for everything enqueued so far on a peer device's stream that used
+/// the block (an event of that device, recorded on it). The freeing stream's clock learns
+/// nothing: its entries name slots of its own device.
+fn wait_for_peer_use(stream: &Stream<'_>, peer: &PeerUse) -> Result<()> {
+    // A stream that was dropped has drained: nothing to wait for.
+    let Some(user) = peer.stream.upgrade() else { return Ok(()) };
+    crate::graph::refuse_capturing(&*user, "ordering a pool free after a peer device's use")?;
+    let event = peer.device.hal().create_event()?;
+    user.record(&*event)?;
+    stream.wait_raw(&*event)
 }
 
 /// The error of an engine free that failed (an unknown or already free block).

@@ -15,16 +15,41 @@ use smallvec::SmallVec;
 use super::allocate::Granted;
 use super::api::MemPool;
 use super::free::TypedFree;
-use crate::engine::{BlockId, StreamSlot};
+use crate::engine::{BlockId, ReuseKind, StreamSlot};
 use crate::error::Result;
 use crate::hal::DevicePtr;
 use crate::stream::Stream;
 
-/// A use of an allocation on another stream: the stream's slot and its global position when
-/// the use was recorded. The position tells the stream apart from a later one in the same slot
-/// (positions of a slot never repeat): a stream that was dropped has drained, and the free
-/// must not wait on whatever stream holds its slot now.
-pub(crate) type StreamUse = (StreamSlot, u64);
+/// A use of an allocation on another stream than its own.
+#[derive(Clone)]
+pub(crate) enum StreamUse {
+    /// A stream of the allocation's device: its slot and its global position when the use
+    /// was recorded. The position tells the stream apart from a later one in the same slot
+    /// (positions of a slot never repeat): a stream that was dropped has drained, and the
+    /// free must not wait on whatever stream holds its slot now.
+    Local(StreamSlot, u64),
+    /// A stream of a peer device (peer access). Slots and positions are per device, so the
+    /// stream itself is named: held weakly, since a stream that was dropped has drained.
+    Peer(PeerUse),
+}
+
+/// A stream of a peer device that used an allocation, and that device (whose backend makes
+/// the event the free waits on).
+#[derive(Clone)]
+pub(crate) struct PeerUse {
+    pub(crate) device: crate::device::Device,
+    pub(crate) stream: std::sync::Weak<dyn crate::hal::StreamHal>,
+}
+
+impl StreamUse {
+    /// The slot of a use on a stream of the allocation's device.
+    fn local_slot(&self) -> Option<StreamSlot> {
+        match self {
+            StreamUse::Local(slot, _) => Some(*slot),
+            StreamUse::Peer(_) => None,
+        }
+    }
+}
 
 /// How a handle holds its pool: a borrow (`PoolAlloc`) or a counted reference (`OwnedAlloc`).
 pub(crate) trait PoolHolder {
@@ -57,39 +82,78 @@ pub(crate) struct Handle<P, S, T> {
     /// The engine's block; `None` for a native (CANN) pool, which frees by pointer.
     pub(crate) block: Option<BlockId>,
     pub(crate) ptr: DevicePtr,
-    /// The length in elements, and in the top [`SHARD_BITS`] bits the pool's shard that
-    /// holds the block (see [`LenAndShard`]).
+    /// The length in elements and, in the top bits, the pool's shard that holds the block
+    /// and the rule that served the allocation (see [`LenAndShard`]).
     pub(crate) len_shard: LenAndShard,
     /// Other streams that used the block since it was allocated.
     pub(crate) uses: OtherUses,
     pub(crate) _elem: PhantomData<fn() -> T>,
 }
 
-/// Bits of [`LenAndShard`] that hold the shard.
-const SHARD_BITS: u32 = 8;
+/// Bits of [`LenAndShard`] that hold the shard (the top ones: reading it is one shift): at
+/// most [`MAX_STREAM_SHARDS`](super::MAX_STREAM_SHARDS) shards.
+const SHARD_BITS: u32 = 6;
+/// Bits of [`LenAndShard`] below the shard that hold the reuse rule: 0 for none, 1 + the
+/// kind's index, 7 for [`LenAndShard::RELEASED`].
+const REUSE_BITS: u32 = 3;
 /// Bits of [`LenAndShard`] that hold the length.
-const LEN_BITS: u32 = u64::BITS - SHARD_BITS;
+const LEN_BITS: u32 = u64::BITS - SHARD_BITS - REUSE_BITS;
+/// Where the shard starts.
+const SHARD_SHIFT: u32 = LEN_BITS + REUSE_BITS;
 
-/// A pool's largest `max_size` (64 PiB): every allocation's length, in elements of at least
-/// one byte, then fits in [`LenAndShard`]'s [`LEN_BITS`] bits.
+const _: () = assert!(super::shards::MAX_STREAM_SHARDS <= 1 << SHARD_BITS);
+const _: () = assert!(ReuseKind::ALL.len() < (1 << REUSE_BITS) - 1, "7 marks RELEASED");
+
+/// A pool's largest `max_size` (32 PiB, excluded): every allocation's length, in elements
+/// of at least one byte, then fits in [`LenAndShard`]'s [`LEN_BITS`] bits.
 pub(crate) const MAX_POOL_BYTES: u64 = 1 << LEN_BITS;
 
-/// An allocation's length and its shard in one word. Callers keep arrays of handles and touch
-/// one at random on every free: at 48 bytes a handle spans 1.5 cache lines on average, at
-/// the 56 bytes of separate fields 1.75.
+/// Where a block came from: the pool's shard that holds it and the reuse rule that served
+/// it, kept as the top bits of a handle's [`LenAndShard`] so that a handle is made with one
+/// `or` (a core keeps the word of its own same-stream reuses ready for the free ring's path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Origin(u64);
+
+impl Origin {
+    /// Shard `shard`, served by rule `reuse` (`None`: fresh memory, or a native pool).
+    #[inline]
+    pub(crate) const fn new(shard: u8, reuse: Option<ReuseKind>) -> Origin {
+        let code = match reuse {
+            None => 0,
+            Some(kind) => kind.index() as u64 + 1,
+        };
+        Origin((shard as u64) << SHARD_SHIFT | code << LEN_BITS)
+    }
+
+    /// The shard that holds the block.
+    #[inline]
+    pub(crate) fn shard(self) -> u8 {
+        (self.0 >> SHARD_SHIFT) as u8
+    }
+
+    /// The rule that served the block.
+    fn reuse(self) -> Option<ReuseKind> {
+        let code = ((self.0 >> LEN_BITS) & ((1 << REUSE_BITS) - 1)) as usize;
+        code.checked_sub(1).and_then(|i| ReuseKind::ALL.get(i).copied())
+    }
+}
+
+/// An allocation's length and its [`Origin`] in one word. Callers keep arrays of handles and
+/// touch one at random on every free: at 48 bytes a handle spans 1.5 cache lines on
+/// average, at the 56 bytes of separate fields 1.75.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LenAndShard(u64);
 
 impl LenAndShard {
     /// Marks a handle whose block was already freed or moved (its `Drop` then does nothing):
-    /// shard 255, which no pool has (at most [`MAX_STREAM_SHARDS`](super::MAX_STREAM_SHARDS)).
+    /// reuse code 7, which names no rule.
     pub(crate) const RELEASED: LenAndShard = LenAndShard(u64::MAX);
 
     #[inline]
-    fn new(len: usize, shard: u8) -> LenAndShard {
-        // A block is at most `max_size <= MAX_POOL_BYTES` bytes long (`MemPool::build`).
+    fn new(len: usize, origin: Origin) -> LenAndShard {
+        // A block is at most `max_size < MAX_POOL_BYTES` bytes long (`MemPool::build`).
         debug_assert!((len as u64) < MAX_POOL_BYTES);
-        LenAndShard(len as u64 | u64::from(shard) << LEN_BITS)
+        LenAndShard(len as u64 | origin.0)
     }
 
     #[inline]
@@ -99,7 +163,11 @@ impl LenAndShard {
 
     #[inline]
     fn shard(self) -> u8 {
-        (self.0 >> LEN_BITS) as u8
+        Origin(self.0).shard()
+    }
+
+    fn reuse(self) -> Option<ReuseKind> {
+        Origin(self.0).reuse()
     }
 }
 
@@ -111,7 +179,7 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
             stream,
             block: granted.block,
             ptr: granted.ptr,
-            len_shard: LenAndShard::new(len, granted.shard),
+            len_shard: LenAndShard::new(len, granted.origin),
             uses: OtherUses::default(),
             _elem: PhantomData,
         }
@@ -154,11 +222,11 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
         to.wait_event(&event)
     }
 
-    /// The use list without the uses of the stream in `slot`, which takes the allocation
-    /// over (its own work is ordered by stream order).
+    /// The use list without the uses of the stream in `slot` (of the allocation's device),
+    /// which takes the allocation over (its own work is ordered by stream order).
     pub(crate) fn uses_without(&self, slot: StreamSlot) -> OtherUses {
         let mut uses = self.uses.take();
-        uses.retain(|u| u.0 != slot);
+        uses.retain(|u| u.local_slot() != Some(slot));
         OtherUses::from_list(uses)
     }
 
@@ -208,27 +276,51 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
     /// [`BufferOwner::record_use`](crate::BufferOwner::record_use)).
     pub(crate) fn record_use(&self, stream: &Stream<'_>) -> Result<()> {
         let own = self.stream.stream();
+        let device = self.pool.pool().device();
         // Before anything is enqueued: a refused call leaves both streams untouched.
-        stream.check_device(self.pool.pool().device(), "the allocation")?;
+        stream.check_access(device, "the allocation")?;
+        if !stream.device().same_as(device) {
+            return self.record_peer_use(stream);
+        }
         if stream.slot() == own.slot() {
             return Ok(());
         }
         let mut uses = self.uses.list().lock();
-        let known = uses.iter().position(|u| u.0 == stream.slot());
+        let known = uses.iter().position(|u| u.local_slot() == Some(stream.slot()));
         // Recorded by this stream, or by a dropped one whose slot it took (an older position).
-        if known.is_some_and(|i| uses[i].1 >= stream.base()) {
-            return Ok(());
+        if let Some(i) = known {
+            if matches!(uses[i], StreamUse::Local(_, at) if at >= stream.base()) {
+                return Ok(());
+            }
         }
         // First use on this stream: order it after the allocation point. The block may have
         // been reused on the allocation's stream while its previous owner's work is still
         // queued there; only stream order makes it this allocation's memory.
         let event = own.record_event()?;
         stream.wait_event(&event)?;
-        let now = (stream.slot(), stream.position());
+        let now = StreamUse::Local(stream.slot(), stream.position());
         match known {
             Some(i) => uses[i] = now,
             None => uses.push(now),
         }
+        Ok(())
+    }
+
+    /// [`record_use`](Self::record_use) by a stream of a peer device: the stream waits for the
+    /// allocation point (an event of this device), and the free will wait for the stream.
+    #[cold]
+    fn record_peer_use(&self, stream: &Stream<'_>) -> Result<()> {
+        let mut uses = self.uses.list().lock();
+        let hal = std::sync::Arc::downgrade(stream.hal());
+        if uses.iter().any(|u| matches!(u, StreamUse::Peer(p) if p.stream.ptr_eq(&hal))) {
+            return Ok(());
+        }
+        let event = self.stream.stream().record_event()?;
+        stream.wait_event(&event)?;
+        uses.push(StreamUse::Peer(PeerUse {
+            device: stream.device().without_owner(),
+            stream: hal,
+        }));
         Ok(())
     }
 
@@ -248,6 +340,12 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
     #[inline]
     pub(crate) fn shard(&self) -> u8 {
         self.len_shard.shard()
+    }
+
+    /// The rule that served the allocation; `None` for fresh memory (never used, or newly
+    /// mapped) and for a native pool, whose driver does not tell.
+    pub(crate) fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.len_shard.reuse()
     }
 
     pub(crate) fn fmt_as(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -355,11 +453,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn length_and_shard_share_a_word_without_mixing() {
-        for (len, shard) in [(1, 0), (7, 63), ((MAX_POOL_BYTES - 1) as usize, 3), (1 << 40, 128)] {
-            let p = LenAndShard::new(len, shard);
-            assert_eq!((p.len(), p.shard()), (len, shard));
-            assert!(p != LenAndShard::RELEASED);
+    fn length_shard_and_reuse_share_a_word_without_mixing() {
+        let kinds = std::iter::once(None).chain(ReuseKind::ALL.map(Some));
+        for reuse in kinds {
+            for (len, shard) in [(1, 0), (7, 63), ((MAX_POOL_BYTES - 1) as usize, 3), (1 << 40, 17)]
+            {
+                let p = LenAndShard::new(len, Origin::new(shard, reuse));
+                assert_eq!((p.len(), p.shard(), p.reuse()), (len, shard, reuse));
+                assert!(p != LenAndShard::RELEASED);
+            }
         }
     }
 
@@ -368,12 +470,14 @@ mod tests {
         let uses = OtherUses::default();
         assert!(uses.0.get().is_none() && uses.drain().is_none());
         assert!(uses.snapshot().is_empty());
-        uses.list().lock().push((3, 7));
-        assert_eq!(uses.snapshot().as_slice(), &[(3, 7)]);
-        assert_eq!(uses.take().as_slice(), &[(3, 7)]);
+        let slots =
+            |l: SmallVec<[StreamUse; 2]>| -> Vec<_> { l.iter().map(|u| u.local_slot()).collect() };
+        uses.list().lock().push(StreamUse::Local(3, 7));
+        assert_eq!(slots(uses.snapshot()), [Some(3)]);
+        assert_eq!(slots(uses.take()), [Some(3)]);
         assert!(uses.take().is_empty() && uses.drain().is_some_and(|l| l.is_empty()));
-        let moved = OtherUses::from_list(SmallVec::from_slice(&[(1, 0)]));
-        assert_eq!(moved.snapshot().as_slice(), &[(1, 0)]);
+        let moved = OtherUses::from_list(SmallVec::from_elem(StreamUse::Local(1, 0), 1));
+        assert_eq!(slots(moved.snapshot()), [Some(1)]);
         assert!(OtherUses::from_list(SmallVec::new()).0.get().is_none());
     }
 }

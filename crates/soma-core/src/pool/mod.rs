@@ -15,10 +15,13 @@
 //! | `shards.rs` | stream shards: the pool as several cores and their shared budget |
 //! | `release.rs` | release threshold, `trim_to`, pass-through's deferred frees |
 //! | `compact.rs` | moving allocations down |
-//! | `teardown.rs` | the end of a pool |
+//! | `teardown.rs` | the end of a pool, without waiting for any stream |
+//! | `deferred.rs` | memory of dropped pools that work may still use, released by the device |
 //! | `native.rs` | the driver's own pool behind the same API |
+//! | `ipc/` | pools shared with other processes: export, the pool service, import |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
+//! | `default.rs` | a device's default pool, and `Stream::alloc_async` from it |
 //! | `owned.rs` | [`OwnedPool`] and [`OwnedAlloc`]: the same, `'static`, for long-lived engines |
 //! | `transfer.rs` | allocations that start with known contents (zeros, an upload) |
 //! | `attr.rs`, `stats.rs`, `observe_api.rs` | attributes, counters, snapshots and history |
@@ -31,9 +34,12 @@ mod backing;
 mod builder;
 mod compact;
 mod core;
+mod default;
+pub(crate) mod deferred;
 mod free;
 pub mod free_ring;
 mod handle;
+mod ipc;
 mod native;
 mod observe_api;
 mod oom;
@@ -50,6 +56,8 @@ mod transfer;
 pub use alloc::PoolAlloc;
 pub use api::MemPool;
 pub use builder::MemPoolBuilder;
+pub(crate) use default::DefaultPool;
+pub use ipc::{ExportedPointer, HandleType, ImportedAlloc, ImportedPool, PoolDescriptor};
 pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};
 pub use stats::{PoolStats, ReuseCounts};

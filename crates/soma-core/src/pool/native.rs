@@ -15,7 +15,7 @@ use super::attr::{
 };
 use super::core::CoreSpec;
 use super::free::wait_for_uses;
-use super::handle::StreamUse;
+use super::handle::{Origin, StreamUse};
 use super::oom::retry_after_oom;
 use super::policy::{
     OomAction, OomHook, ReusePolicy, Settings, FOLLOW_EVENT_DEPENDENCIES, INTERNAL_DEPENDENCIES,
@@ -98,7 +98,7 @@ impl NativePool {
                 ))
             })?;
         match self.pool.malloc_async(bytes, &**stream.hal()) {
-            Ok(ptr) => Ok(Granted { block: None, ptr, size, shard: 0 }),
+            Ok(ptr) => Ok(Granted { block: None, ptr, size, origin: Origin::new(0, None) }),
             Err(e @ DriverError::OutOfMemory { .. }) => {
                 Err(Error::OutOfMemory(Box::new(self.oom_report(bytes, size, stream, e))))
             }

@@ -134,6 +134,8 @@ impl PoolCore {
                 device.observe(pending.stream, enqueued + 1);
             }
         }
+        // Memory of dropped pools whose work the wait completed goes back to the device.
+        device.deferred.release_complete(device);
         // Host-observed now, those frees settle: merged with their free neighbours of any
         // stream, they may serve a request none fits alone.
         for core in cores() {

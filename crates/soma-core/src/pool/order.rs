@@ -68,6 +68,17 @@ pub(super) fn settle(device: &DeviceShared, engine: &mut Engine) {
 }
 
 impl PoolCore {
+    /// The free bytes of `engine` cached on a stream whose free the host has not observed:
+    /// what is not yet reusable by every stream. Settling untags observed frees, but it is
+    /// skipped for a stream alone on the device and does not follow observations that are
+    /// not synchronisations (a successful query): the count follows the observations
+    /// themselves, whatever was settled.
+    pub(super) fn unobserved_bytes(&self, engine: &Engine) -> u64 {
+        // A slot no stream holds: every stream's frees count.
+        let frees = engine.pending_frees(StreamSlot::MAX, &Order::completion(&self.device));
+        frees.iter().map(|p| p.bytes).sum()
+    }
+
     /// The pool locked with every host-observed free settled (the deferred frees of a
     /// pass-through pool handed over first); `None` for a pool torn down.
     pub(super) fn lock_settled(&self) -> Option<Locked<'_>> {

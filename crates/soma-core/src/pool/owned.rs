@@ -17,7 +17,7 @@ use super::handle::{Handle, LenAndShard, PoolHolder, Relocatable, StreamHolder, 
 use super::policy::OomAction;
 use crate::buffer::{bytes_for, BufferOwner, DeviceBuffer, DeviceBufferMut, Sealed};
 use crate::device::Device;
-use crate::engine::BlockId;
+use crate::engine::{BlockId, ReuseKind};
 use crate::error::{OutOfMemory, Result};
 use crate::hal::DevicePtr;
 use crate::owned::OwnedStream;
@@ -105,6 +105,24 @@ impl OwnedPool {
         self.0.allocate_typed(bytes, stream, Location::caller(), &mut on_oom, handle)
     }
 
+    /// Allocates `len` elements of `T` for use on `stream` at alignment `align` (see
+    /// [`MemPool::alloc_aligned_async`]).
+    ///
+    /// # Errors
+    /// As [`MemPool::alloc_aligned_async`].
+    #[track_caller]
+    pub fn alloc_aligned_async<T: bytemuck::Pod + Send + Sync>(
+        &self,
+        len: usize,
+        align: u64,
+        stream: &OwnedStream,
+    ) -> Result<OwnedAlloc<T>> {
+        stream.check_device(self.device(), "the pool")?;
+        let bytes = bytes_for::<T>(len)?;
+        let handle = |g| OwnedAlloc(Handle::new(self.clone(), stream.clone(), g, len));
+        self.0.allocate_aligned(bytes, align, stream, Location::caller(), handle)
+    }
+
     /// Allocates `len` zeroed elements of `T` for use on `stream` (see
     /// [`MemPool::alloc_zeros`]).
     ///
@@ -179,6 +197,14 @@ impl<T: bytemuck::Pod + Send + Sync> OwnedAlloc<T> {
         &self.0.pool
     }
 
+    /// Names the allocation for another process, as [`PoolAlloc::export_pointer`](crate::PoolAlloc::export_pointer).
+    ///
+    /// # Errors
+    /// As [`PoolAlloc::export_pointer`](crate::PoolAlloc::export_pointer).
+    pub fn export_pointer(&self) -> Result<crate::ExportedPointer> {
+        self.0.export_pointer()
+    }
+
     /// Frees the allocation onto its stream now, reporting failures (`Drop` cannot).
     ///
     /// # Errors
@@ -246,6 +272,28 @@ impl<T> OwnedAlloc<T> {
     /// Whether the allocation has no elements (never: size 0 is rejected).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The reuse rule that served this allocation when it was made: `None` for fresh memory
+    /// (never used, or newly mapped) and for a native pool, whose driver does not tell.
+    /// Moving the allocation (compaction, a hand-off) does not change it. The same answer
+    /// as the history's `reuse` field, without a history.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let npu = soma_sim::Npu::builder().build()?;
+    /// # let dev = soma_core::Device::new(npu.device(0)?);
+    /// use soma_core::{MemPool, ReuseKind};
+    /// let s = dev.create_owned_stream()?;
+    /// let pool = MemPool::builder().build_owned(&dev)?;
+    /// let a = pool.alloc_async::<u8>(4096, &s)?;
+    /// assert_eq!(a.reuse_kind(), None);
+    /// drop(a);
+    /// assert_eq!(pool.alloc_async::<u8>(4096, &s)?.reuse_kind(), Some(ReuseKind::SameStream));
+    /// # Ok(()) }
+    /// ```
+    pub fn reuse_kind(&self) -> Option<ReuseKind> {
+        self.0.reuse_kind()
     }
 
     /// Size in bytes as requested (the block is rounded up to the pool's alignment).

@@ -13,8 +13,8 @@ use crate::hal::StreamHal;
 
 #[derive(Default)]
 struct State {
-    /// Frees enqueued, not yet complete.
-    in_flight: Vec<BlockId>,
+    /// Frees enqueued, not yet complete, with their tags.
+    in_flight: Vec<(BlockId, FreeTag)>,
     /// Frees complete on their stream, to hand to the engine.
     done: Vec<(BlockId, FreeTag)>,
 }
@@ -36,7 +36,7 @@ struct Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         let mut st = self.state.lock();
-        st.in_flight.retain(|b| *b != self.block);
+        st.in_flight.retain(|b| b.0 != self.block);
         st.done.push((self.block, self.tag));
     }
 }
@@ -56,10 +56,10 @@ impl Passthrough {
     ) -> Result<(), ()> {
         {
             let mut st = self.state.lock();
-            if st.in_flight.contains(&block) || st.done.iter().any(|d| d.0 == block) {
+            if st.in_flight.iter().chain(&st.done).any(|d| d.0 == block) {
                 return Err(());
             }
-            st.in_flight.push(block);
+            st.in_flight.push((block, tag));
         }
         let completion = Completion { state: Arc::clone(&self.state), block, tag };
         // On failure the closure, and so the completion, is dropped unrun: done at once.
@@ -72,8 +72,12 @@ impl Passthrough {
         std::mem::take(&mut self.state.lock().done)
     }
 
-    /// Whether frees are still in flight.
-    pub(crate) fn outstanding(&self) -> bool {
-        !self.state.lock().in_flight.is_empty()
+    /// Every deferred free, complete or not, taken (the pool is going away: those still in
+    /// flight become the engine's pending frees, with their tags).
+    pub(crate) fn take_all(&self) -> Vec<(BlockId, FreeTag)> {
+        let mut st = self.state.lock();
+        let mut all = std::mem::take(&mut st.done);
+        all.append(&mut st.in_flight);
+        all
     }
 }

@@ -25,7 +25,21 @@ pub type OomHook = Arc<dyn Fn(&OutOfMemory) -> OomAction + Send + Sync>;
 /// Which cross-stream reuse rules a pool applies (same-stream reuse is always on).
 ///
 /// See `docs/semantics.md` for the rules; the switches are the C API's attributes 0x1–0x3.
+/// Name the switches you set, starting from [`NONE`](Self::NONE), [`ALL`](Self::ALL) or the
+/// [default](Self::default) (the setters are `const`):
+///
+/// ```
+/// use soma_core::ReusePolicy;
+/// const EVENTS_ONLY: ReusePolicy = ReusePolicy::NONE.follow_event_dependencies(true);
+/// assert!(EVENTS_ONLY.follow_event_dependencies && !EVENTS_ONLY.opportunistic);
+/// let cautious = ReusePolicy::default().opportunistic(false);
+/// assert_eq!(cautious, EVENTS_ONLY);
+/// ```
+///
+/// With the `serde` feature it serializes (in [`OutOfMemory`](crate::OutOfMemory) reports)
+/// as an object keyed by the field names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ReusePolicy {
     /// Rule 2: reuse a block freed on stream S on stream T when T waited on an event recorded
@@ -52,13 +66,32 @@ impl ReusePolicy {
         internal_dependencies: true,
     };
 
-    /// A policy from the three switches.
+    /// A policy from the three switches, in the order of the fields (the named setters
+    /// below cannot be swapped by mistake).
     pub const fn new(
         follow_event_dependencies: bool,
         opportunistic: bool,
         internal_dependencies: bool,
     ) -> Self {
         ReusePolicy { follow_event_dependencies, opportunistic, internal_dependencies }
+    }
+
+    /// This policy with rule 2, following event dependencies, switched `on` or off.
+    #[must_use]
+    pub const fn follow_event_dependencies(self, on: bool) -> Self {
+        ReusePolicy { follow_event_dependencies: on, ..self }
+    }
+
+    /// This policy with rule 3, opportunistic reuse, switched `on` or off.
+    #[must_use]
+    pub const fn opportunistic(self, on: bool) -> Self {
+        ReusePolicy { opportunistic: on, ..self }
+    }
+
+    /// This policy with rule 4, internal dependencies, switched `on` or off.
+    #[must_use]
+    pub const fn internal_dependencies(self, on: bool) -> Self {
+        ReusePolicy { internal_dependencies: on, ..self }
     }
 
     fn bits(self) -> u32 {

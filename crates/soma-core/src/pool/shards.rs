@@ -24,7 +24,7 @@ use super::core::{CoreSpec, PoolCore};
 use super::order::Order;
 use super::policy::OomAction;
 use super::stats::PoolStats;
-use crate::error::{Error, OutOfMemory, Result};
+use crate::error::{OutOfMemory, Result};
 use crate::stream::Stream;
 
 /// The most shards a pool may have
@@ -199,6 +199,7 @@ impl Shards {
     pub(super) fn allocate(
         &self,
         bytes: u64,
+        align: u64,
         stream: &Stream<'_>,
         location: Option<&'static Location<'static>>,
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
@@ -207,7 +208,7 @@ impl Shards {
         // Inline for every possible shard count: no heap allocation per allocation.
         let peers: smallvec::SmallVec<[&PoolCore; MAX_STREAM_SHARDS]> =
             self.cores().iter().filter(|c| !std::ptr::eq(*c, home)).collect();
-        home.allocate(&Request { bytes, stream, location, peers: &peers }, on_oom)
+        home.allocate(&Request { bytes, align, stream, location, peers: &peers }, on_oom)
     }
 
     /// The shards created so far.
@@ -256,7 +257,10 @@ impl<'a> Cores<'a> {
         let mut sum = PoolStats::default();
         for core in self.iter() {
             let inner = core.lock();
-            let engine = inner.engine.stats();
+            let mut engine = inner.engine.stats();
+            if engine.pending_bytes > 0 {
+                engine.pending_bytes = core.unobserved_bytes(&inner.engine);
+            }
             sum += PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
         }
         sum.max_size = self.first.max_size;
@@ -299,7 +303,7 @@ impl PoolCore {
                     }
                     inner.engine.alloc_cached(
                         req.bytes,
-                        core.alignment,
+                        core.alignment.max(req.align),
                         req.stream.slot(),
                         order,
                         with_dependency,
@@ -328,7 +332,9 @@ impl PoolCore {
             let (engine, mut backing) = inner.parts(core);
             match engine.release(0, &order, &mut backing) {
                 Ok(n) => released += n,
-                Err(e) => core.put_sticky(&mut inner, Error::Driver(e)),
+                // Not an error of the request: what could not go stays cached, and the
+                // request goes on with what did.
+                Err(e) => crate::observe::trace_release_failed("other shards", &e),
             }
         }
         released

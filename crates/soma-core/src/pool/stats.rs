@@ -7,7 +7,10 @@ use crate::engine::{EngineStats, ReuseKind};
 use crate::error::Bytes;
 
 /// Reuses of cached blocks, by the rule that allowed them.
+///
+/// With the `serde` feature it serializes as an object keyed by the field names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ReuseCounts {
     /// Rule 1: freed on the same stream.
     pub same_stream: u64,
@@ -51,7 +54,11 @@ impl AddAssign for ReuseCounts {
 }
 
 /// Counters of a pool: current, high-water and cumulative.
+///
+/// With the `serde` feature it serializes as an object keyed by the field names, in their
+/// order here, every value an unsigned integer (`reuses` a nested [`ReuseCounts`] object).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct PoolStats {
     /// Bytes in live allocations (rounded sizes).
@@ -89,7 +96,9 @@ pub struct PoolStats {
     /// Times recycling on growth paused because it had become chronic (see the semantics'
     /// "Recycling pauses when it is chronic").
     pub recycling_pauses: u64,
-    /// Free bytes cached on a stream (not yet reusable by every stream).
+    /// Free bytes cached on a stream whose free the host has not observed (not yet reusable
+    /// by every stream): a synchronisation, a successful query or a dropped stream makes
+    /// the frees it covers leave this count.
     pub pending_bytes: u64,
     /// All free mapped bytes.
     pub free_bytes: u64,

@@ -369,6 +369,55 @@ fn relocate_lower_moves_into_eligible_lower_space() {
 }
 
 #[test]
+fn relocate_lower_mapping_maps_the_unmapped_space_below_and_moves_there() {
+    let mut e = engine(8 * G);
+    let mut b = backing();
+    let o = TestOrder::default();
+    // [0, 4G): granule blocks of stream 0, the second released (unmapped).
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
+    let maps = b.maps;
+    // Mapped free space below does not fit the last block: only mapping does.
+    assert_eq!(e.relocate_lower(blocks[3].block, 0, &o), None);
+    let r = e.relocate_lower_mapping(blocks[3].block, 0, &o, &mut b).unwrap().unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!((r.offset, r.size, r.reuse), (G, G, None));
+    assert_eq!(b.maps, maps + 1, "one granule mapped");
+    // Nothing below the first block: nothing mapped.
+    assert_eq!(e.relocate_lower_mapping(blocks[0].block, 0, &o, &mut b).unwrap(), None);
+    assert_eq!(b.maps, maps + 1);
+
+    // Unmapped space next to another stream's free block that is not eligible: the run
+    // starts after it.
+    let mut e = engine(8 * G);
+    let mut b = backing();
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
+    free(&mut e, &blocks[0], 1, 7);
+    let r = e.relocate_lower_mapping(blocks[3].block, 0, &o, &mut b).unwrap().unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(r.offset, G, "stream 1's free block at 0 is not eligible for stream 0");
+
+    // An eligible free block and the hole after it together.
+    let mut e = engine(8 * G);
+    let mut b = backing();
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
+    let big = alloc(&mut e, &mut b, &o, 2 * G, 0);
+    assert_eq!(big.offset, 4 * G);
+    free(&mut e, &blocks[0], 0, 7);
+    let r = e.relocate_lower_mapping(big.block, 0, &o, &mut b).unwrap().unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!((r.offset, r.reuse), (0, Some(ReuseKind::SameStream)));
+
+    // A backing out of memory moves nothing and keeps the engine consistent.
+    let mut e = engine(8 * G);
+    let mut b = backing();
+    let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
+    b.capacity = Some(3 * G);
+    assert_eq!(e.relocate_lower_mapping(blocks[3].block, 0, &o, &mut b).unwrap(), None);
+    e.check_invariants().unwrap();
+    assert_eq!(e.reserved(), 3 * G);
+}
+
+#[test]
 fn stats_track_highs_and_counters() {
     let mut e = engine(64 * G);
     let mut b = backing();

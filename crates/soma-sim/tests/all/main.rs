@@ -1,8 +1,10 @@
 //! Integration tests of the software NPU, as one binary (a module per topic).
 
+mod capture;
 mod events;
 mod faults;
 mod memory;
+mod peer;
 mod props;
 mod races;
 mod streams;

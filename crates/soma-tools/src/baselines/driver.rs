@@ -3,6 +3,7 @@
 use soma::hal::{DeviceHal, DevicePtr};
 
 use super::Allocator;
+use crate::driver_cost::DriverCalls;
 use crate::round_up;
 
 /// One `DeviceHal::malloc` / `free` per allocation (no pool at all).
@@ -11,12 +12,13 @@ pub struct DriverPath<'a> {
     granularity: u64,
     live: u64,
     high: u64,
+    calls: DriverCalls,
 }
 
 impl<'a> DriverPath<'a> {
     /// Allocates through `hal` (whose device has granularity `granularity`).
     pub fn new(hal: &'a dyn DeviceHal, granularity: u64) -> Self {
-        DriverPath { hal, granularity, live: 0, high: 0 }
+        DriverPath { hal, granularity, live: 0, high: 0, calls: DriverCalls::default() }
     }
 }
 
@@ -33,6 +35,7 @@ impl Allocator for DriverPath<'_> {
     }
     fn alloc(&mut self, bytes: u64) -> Option<(DevicePtr, u64)> {
         let p = self.hal.malloc(bytes).ok()?;
+        self.calls.malloc += 1;
         let size = round_up(bytes, self.granularity);
         self.live += size;
         self.high = self.high.max(self.live);
@@ -40,9 +43,13 @@ impl Allocator for DriverPath<'_> {
     }
     fn free(&mut self, (p, size): (DevicePtr, u64)) {
         self.hal.free(p).expect("driver free");
+        self.calls.free += 1;
         self.live -= size;
     }
     fn reserved_high(&self) -> u64 {
         self.high
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        self.calls
     }
 }

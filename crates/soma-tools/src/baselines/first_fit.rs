@@ -1,25 +1,28 @@
 //! A first-fit free list sorted by offset, merged on every free.
 
+use super::growth::GrowthMapping;
 use super::{Allocator, UNIT};
-use crate::{round_up, GRANULE};
+use crate::driver_cost::DriverCalls;
+use crate::round_up;
 
 /// A first-fit free list: a list of `(offset, size)` kept sorted by offset, first fit on
 /// allocation, and on every free an insertion followed by a merge pass over the whole list.
 #[derive(Debug)]
 pub struct FirstFit {
     free: Vec<(u64, u64)>,
-    high_end: u64,
+    growth: GrowthMapping,
 }
 
 impl FirstFit {
     /// A pool managing `range` bytes.
     pub fn new(range: u64) -> FirstFit {
-        FirstFit { free: vec![(0, range)], high_end: 0 }
+        FirstFit { free: vec![(0, range)], growth: GrowthMapping::default() }
     }
 
     /// A pool whose free list is `free` (sorted, non-adjacent ranges), i.e. the state the
     /// API would reach through a sequence of allocations and frees; lets the benches set up
-    /// a million-hole state without the quadratic cost of a million merge passes.
+    /// a million-hole state without the quadratic cost of a million merge passes. Its
+    /// mapping up to `high_end` counts as one growth.
     ///
     /// # Panics
     /// `free` is not sorted by offset, overlaps, or holds adjacent ranges.
@@ -27,7 +30,9 @@ impl FirstFit {
         for w in free.windows(2) {
             assert!(w[0].0 + w[0].1 < w[1].0, "free list must be sorted and merged");
         }
-        FirstFit { free, high_end }
+        let mut growth = GrowthMapping::default();
+        growth.note_end(high_end);
+        FirstFit { free, growth }
     }
 
     /// The free list (for tests).
@@ -51,7 +56,7 @@ impl Allocator for FirstFit {
         } else {
             self.free[i] = (off + size, s - size);
         }
-        self.high_end = self.high_end.max(off + size);
+        self.growth.note_end(off + size);
         Some((off, size))
     }
     #[inline]
@@ -73,6 +78,9 @@ impl Allocator for FirstFit {
         self.free.truncate(w + 1);
     }
     fn reserved_high(&self) -> u64 {
-        round_up(self.high_end, GRANULE)
+        self.growth.mapped()
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        self.growth.calls()
     }
 }

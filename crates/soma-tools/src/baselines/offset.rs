@@ -1,12 +1,13 @@
 //! The `offset-allocator` crate behind [`Allocator`].
 
+use super::growth::GrowthMapping;
 use super::{Allocator, UNIT};
-use crate::{round_up, GRANULE};
+use crate::driver_cost::DriverCalls;
 
 /// The `offset-allocator` crate, in units of [`UNIT`] bytes.
 pub struct OffsetAlloc {
     inner: offset_allocator::Allocator<u32>,
-    high_end_units: u64,
+    growth: GrowthMapping,
 }
 
 impl OffsetAlloc {
@@ -16,14 +17,14 @@ impl OffsetAlloc {
         let units = u32::try_from(range / UNIT).unwrap_or(u32::MAX - 1);
         OffsetAlloc {
             inner: offset_allocator::Allocator::with_max_allocs(units, max_allocs),
-            high_end_units: 0,
+            growth: GrowthMapping::default(),
         }
     }
 }
 
 impl std::fmt::Debug for OffsetAlloc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OffsetAlloc").field("high_end_units", &self.high_end_units).finish()
+        f.debug_struct("OffsetAlloc").field("growth", &self.growth).finish()
     }
 }
 
@@ -36,7 +37,7 @@ impl Allocator for OffsetAlloc {
     fn alloc(&mut self, bytes: u64) -> Option<Self::Handle> {
         let units = u32::try_from(bytes.div_ceil(UNIT)).ok()?;
         let a = self.inner.allocate(units)?;
-        self.high_end_units = self.high_end_units.max(u64::from(a.offset) + u64::from(units));
+        self.growth.note_end((u64::from(a.offset) + u64::from(units)) * UNIT);
         Some(a)
     }
     #[inline]
@@ -44,6 +45,9 @@ impl Allocator for OffsetAlloc {
         self.inner.free(handle);
     }
     fn reserved_high(&self) -> u64 {
-        round_up(self.high_end_units * UNIT, GRANULE)
+        self.growth.mapped()
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        self.growth.calls()
     }
 }

@@ -5,6 +5,7 @@ use soma_core::engine::{BlockId, Engine, EngineConfig, EngineStats, FreeTag};
 use soma_engine::testing::{FakeBacking, TestOrder};
 
 use super::Allocator;
+use crate::driver_cost::DriverCalls;
 use crate::GRANULE;
 
 /// soma's engine alone (no device, no lock): stream 0, frees tagged with increasing
@@ -86,9 +87,9 @@ impl Allocator for SomaEngine {
     fn reserved_high(&self) -> u64 {
         self.engine.stats().reserved_high
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         let st = self.engine.stats();
-        Some((st.map_calls, st.unmap_calls))
+        DriverCalls::segments(st.map_calls, st.unmap_calls)
     }
 }
 
@@ -136,9 +137,68 @@ impl<'s, 'd: 's> Allocator for SomaApi<'s, 'd> {
     fn reserved_high(&self) -> u64 {
         self.pool.stats().reserved_high
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         let st = self.pool.stats();
-        Some((st.map_calls, st.unmap_calls))
+        DriverCalls::segments(st.map_calls, st.unmap_calls)
+    }
+}
+
+/// soma's public API on several streams in turn, as `soma-replay --streams N` drives it:
+/// op `k` of a sequence (allocation or free) runs on stream `k mod N`; a free on another
+/// stream than the allocation's hands the allocation off to that stream first (an event
+/// recorded on the allocation's stream, waited on by the freeing one), so blocks move
+/// between streams only through events.
+#[derive(Debug)]
+pub struct SomaStreams<'s, 'd> {
+    pool: &'s MemPool<'d>,
+    streams: &'s [Stream<'d>],
+    op: usize,
+    name: &'static str,
+}
+
+impl<'s, 'd> SomaStreams<'s, 'd> {
+    /// Drives `pool` with ops on `streams` in turn (at least one), reported as `name`.
+    ///
+    /// # Panics
+    /// `streams` is empty.
+    pub fn new(pool: &'s MemPool<'d>, streams: &'s [Stream<'d>], name: &'static str) -> Self {
+        assert!(!streams.is_empty(), "at least one stream");
+        SomaStreams { pool, streams, op: 0, name }
+    }
+
+    /// The stream of the next op.
+    fn next_stream(&mut self) -> &'s Stream<'d> {
+        let s = &self.streams[self.op % self.streams.len()];
+        self.op += 1;
+        s
+    }
+}
+
+impl<'s, 'd: 's> Allocator for SomaStreams<'s, 'd> {
+    type Handle = PoolAlloc<'s, u8>;
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    #[inline]
+    fn alloc(&mut self, bytes: u64) -> Option<PoolAlloc<'s, u8>> {
+        let s = self.next_stream();
+        self.pool.alloc_async::<u8>(bytes as usize, s).ok()
+    }
+    #[inline]
+    fn free(&mut self, handle: PoolAlloc<'s, u8>) {
+        let s = self.next_stream();
+        if handle.stream().id() == s.id() {
+            drop(handle);
+        } else {
+            drop(handle.hand_off(s).expect("hand-off to the freeing stream"));
+        }
+    }
+    fn reserved_high(&self) -> u64 {
+        self.pool.stats().reserved_high
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        let st = self.pool.stats();
+        DriverCalls::segments(st.map_calls, st.unmap_calls)
     }
 }
 
@@ -177,8 +237,8 @@ impl Allocator for SomaOwned {
     fn reserved_high(&self) -> u64 {
         self.pool.stats().reserved_high
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         let st = self.pool.stats();
-        Some((st.map_calls, st.unmap_calls))
+        DriverCalls::segments(st.map_calls, st.unmap_calls)
     }
 }

@@ -2,17 +2,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::growth::GrowthMapping;
 use super::Allocator;
+use crate::driver_cost::DriverCalls;
 use crate::{round_up, GRANULE};
 
 /// CANN SOMA's algorithm: sizes rounded up to 2 MiB, best fit (smallest size, then lowest
 /// address) over a `BTreeSet<(size, address)>` of free segments, merge with free neighbours
-/// (found through a `BTreeMap<address, size>`) on free.
+/// (found through a `BTreeMap<address, size>`) on free. How CANN SOMA maps its memory is
+/// not documented: the replica is charged as a pool that maps its high-water growth (one
+/// physical allocation and one map per growth).
 #[derive(Debug)]
 pub struct SomaReplica {
     by_size: BTreeSet<(u64, u64)>,
     by_addr: BTreeMap<u64, u64>,
-    high_end: u64,
+    growth: GrowthMapping,
 }
 
 impl SomaReplica {
@@ -22,7 +26,7 @@ impl SomaReplica {
         SomaReplica {
             by_size: BTreeSet::from([(range, 0)]),
             by_addr: BTreeMap::from([(0, range)]),
-            high_end: 0,
+            growth: GrowthMapping::default(),
         }
     }
 }
@@ -42,7 +46,7 @@ impl Allocator for SomaReplica {
             self.by_size.insert((seg - size, addr + size));
             self.by_addr.insert(addr + size, seg - size);
         }
-        self.high_end = self.high_end.max(addr + size);
+        self.growth.note_end(addr + size);
         Some((addr, size))
     }
     #[inline]
@@ -63,6 +67,9 @@ impl Allocator for SomaReplica {
         self.by_size.insert((size, addr));
     }
     fn reserved_high(&self) -> u64 {
-        self.high_end
+        self.growth.mapped()
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        self.growth.calls()
     }
 }

@@ -121,7 +121,11 @@ fn engine_and_api_serve_and_account() {
     assert_eq!(d.reserved_high(), 6 * MIB);
     d.free(h);
     d.free(h2);
-    assert_eq!(d.driver_calls(), None);
+    assert_eq!(
+        d.driver_calls(),
+        DriverCalls { malloc: 2, free: 2, ..DriverCalls::default() },
+        "one malloc per allocation, one free per free"
+    );
 }
 
 #[test]
@@ -138,10 +142,12 @@ fn retain_variants_are_named_and_never_unmap_on_growth() {
         let h = replay(&mut e, &w.ops, w.slots);
         free_all(&mut e, h);
     }
-    let (maps, unmaps) = r.driver_calls().unwrap();
-    assert!(maps > 0);
-    assert_eq!(unmaps, 0, "growth without recycling only maps");
-    assert_eq!(e.driver_calls(), Some((e.stats().map_calls, e.stats().unmap_calls)));
+    let calls = r.driver_calls();
+    assert!(calls.map > 0);
+    assert_eq!((calls.unmap, calls.free_physical), (0, 0), "growth without recycling only maps");
+    let st = e.stats();
+    assert_eq!(e.driver_calls(), DriverCalls::segments(st.map_calls, st.unmap_calls));
+    assert_eq!(e.driver_calls().map, e.backing().maps);
 
     let npu = soma::sim::Npu::builder().capacity(4 << 30).build().unwrap();
     let dev = npu.device(0).unwrap();
@@ -153,8 +159,93 @@ fn retain_variants_are_named_and_never_unmap_on_growth() {
         let h = replay(&mut api, &w.ops, w.slots);
         free_all(&mut api, h);
     }
-    let (maps, unmaps) = api.driver_calls().unwrap();
-    assert!(maps > 0);
-    assert_eq!(unmaps, 0, "growth without recycling only maps");
+    let calls = api.driver_calls();
+    assert!(calls.map > 0);
+    assert_eq!(calls.unmap, 0, "growth without recycling only maps");
     assert_eq!(SomaApi::new(&pool, &s).name(), "soma");
+}
+
+#[test]
+fn api_driver_calls_are_the_simulators() {
+    use crate::workload::{free_all, random_allocations, replay, SEED};
+    let w = random_allocations(2_000, 64, 16_000, SEED);
+    let npu = soma::sim::Npu::builder().capacity(64 << 30).build().unwrap();
+    let dev = npu.device(0).unwrap();
+    let sim = npu.sim_device(0).unwrap();
+    let s = dev.create_stream().unwrap();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut api = SomaApi::new(&pool, &s);
+    let before = (api.driver_calls(), DriverCalls::of_sim(&sim.stats().calls));
+    for _ in 0..2 {
+        let h = replay(&mut api, &w.ops, w.slots);
+        free_all(&mut api, h);
+    }
+    let pool_calls = api.driver_calls() - before.0;
+    assert!(pool_calls.map > 0);
+    assert_eq!(pool_calls, DriverCalls::of_sim(&sim.stats().calls) - before.1);
+}
+
+#[test]
+fn offset_allocators_are_charged_their_high_water_growth() {
+    // Four 1 MiB allocations end at 1, 2, 3 and 4 MiB: growths to 2 and to 4 MiB.
+    let expected = DriverCalls::growths(2);
+    let mut t = Tlsf::new(RANGE);
+    let mut o = OffsetAlloc::new(RANGE, 1024);
+    let mut f = FirstFit::new(RANGE);
+    for _ in 0..4 {
+        t.alloc(MIB).unwrap();
+        o.alloc(MIB).unwrap();
+        f.alloc(MIB).unwrap();
+    }
+    assert_eq!(
+        (t.driver_calls(), o.driver_calls(), f.driver_calls()),
+        (expected, expected, expected)
+    );
+    assert_eq!(
+        (t.reserved_high(), o.reserved_high(), f.reserved_high()),
+        (4 * MIB, 4 * MIB, 4 * MIB)
+    );
+    // The SOMA replica rounds each request to 2 MiB: every allocation grows the mapping.
+    let mut r = SomaReplica::new(RANGE);
+    let h = r.alloc(MIB).unwrap();
+    r.alloc(MIB).unwrap();
+    r.free(h);
+    r.alloc(MIB).unwrap();
+    assert_eq!(r.driver_calls(), DriverCalls::growths(2), "the hole is reused, not mapped");
+}
+
+#[test]
+fn streams_in_turn_replay_as_the_api_on_one_stream_and_hand_off_on_several() {
+    use crate::workload::{free_all, random_allocations, replay, SEED};
+    let w = random_allocations(1_000, 16, 16_000, SEED);
+    let npu = soma::sim::Npu::builder().capacity(64 << 30).build().unwrap();
+    let dev = npu.device(0).unwrap();
+    let streams: Vec<_> = (0..4).map(|_| dev.create_stream().unwrap()).collect();
+    let one = {
+        let pool = MemPool::builder().build(&dev).unwrap();
+        let mut a = SomaStreams::new(&pool, &streams[..1], "soma-1-stream");
+        let h = replay(&mut a, &w.ops, w.slots);
+        free_all(&mut a, h);
+        (a.reserved_high(), a.driver_calls())
+    };
+    let api = {
+        let pool = MemPool::builder().build(&dev).unwrap();
+        let mut a = SomaApi::new(&pool, &streams[0]);
+        let h = replay(&mut a, &w.ops, w.slots);
+        free_all(&mut a, h);
+        (a.reserved_high(), a.driver_calls())
+    };
+    assert_eq!(one, api, "one stream in turn is the API on that stream");
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut four = SomaStreams::new(&pool, &streams, "soma-4-streams");
+    let h = replay(&mut four, &w.ops, w.slots);
+    free_all(&mut four, h);
+    assert_eq!(four.name(), "soma-4-streams");
+    assert!(four.reserved_high() >= w.stats.peak_live_bytes);
+    let st = pool.stats();
+    assert_eq!(st.allocations, w.stats.allocs);
+    assert!(st.reuses.total() > 0);
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
 }

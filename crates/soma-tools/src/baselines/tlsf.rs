@@ -1,7 +1,8 @@
 //! A TLSF over an offset space, with out-of-band block records.
 
+use super::growth::GrowthMapping;
 use super::{Allocator, UNIT};
-use crate::{round_up, GRANULE};
+use crate::driver_cost::DriverCalls;
 
 const NIL: u32 = u32::MAX;
 const TLSF_SL_LOG2: u32 = 4;
@@ -30,7 +31,7 @@ pub struct Tlsf {
     fl_bitmap: u64,
     sl_bitmap: [u16; TLSF_FL],
     heads: Vec<u32>,
-    high_end: u64,
+    growth: GrowthMapping,
 }
 
 #[inline]
@@ -52,7 +53,7 @@ impl Tlsf {
             fl_bitmap: 0,
             sl_bitmap: [0; TLSF_FL],
             heads: vec![NIL; TLSF_FL * TLSF_SL],
-            high_end: 0,
+            growth: GrowthMapping::default(),
         };
         let b = t.take(TBlock {
             off: 0,
@@ -188,7 +189,7 @@ impl Allocator for Tlsf {
             m.next_phys = rest;
             self.link(rest);
         }
-        self.high_end = self.high_end.max(b.off + units);
+        self.growth.note_end((b.off + units) * UNIT);
         Some(i)
     }
     #[inline]
@@ -222,6 +223,9 @@ impl Allocator for Tlsf {
         self.link(i);
     }
     fn reserved_high(&self) -> u64 {
-        round_up(self.high_end * UNIT, GRANULE)
+        self.growth.mapped()
+    }
+    fn driver_calls(&self) -> DriverCalls {
+        self.growth.calls()
     }
 }

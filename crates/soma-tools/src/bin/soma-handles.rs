@@ -13,8 +13,9 @@
 
 use std::hint::black_box;
 
+use clap::Parser;
 use soma::PoolAlloc;
-use soma_tools::baselines::{Allocator, SomaEngine};
+use soma_tools::baselines::{Allocator, DriverCalls, SomaEngine};
 use soma_tools::workload::print_random_replays;
 
 /// Words of padding that make the engine's handle (`BlockId`, one word) as large as a
@@ -40,22 +41,54 @@ impl<A: Allocator> Allocator for Wide<A> {
     fn reserved_high(&self) -> u64 {
         self.0.reserved_high()
     }
-    fn driver_calls(&self) -> Option<(u64, u64)> {
+    fn driver_calls(&self) -> DriverCalls {
         self.0.driver_calls()
     }
 }
 
+/// Replays RMM's random_allocations sequence on the engine alone with handles as large as a
+/// `PoolAlloc`, to separate what the caller's array of handles costs from what the pool adds
+/// on top of the engine (compare with `soma-hotpath random soma-engine`).
+#[derive(Debug, Parser)]
+#[command(name = "soma-handles")]
+struct Cli {
+    /// Allocations in the sequence.
+    n: usize,
+    /// Largest allocation, in MiB.
+    max_mib: u64,
+    /// Replays of the sequence on the same allocator (the first grows it, later ones run
+    /// warm).
+    #[arg(default_value_t = 1)]
+    replays: usize,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let parsed = match args.as_slice() {
-        [n, max] => Some((n, max, "1")),
-        [n, max, replays] => Some((n, max, replays.as_str())),
-        _ => None,
+    let Cli { n, max_mib, replays } = Cli::parse();
+    print_random_replays(Wide(SomaEngine::new(1 << 40, 512)), n, max_mib, replays);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("soma-handles").chain(args.iter().copied()))
     }
-    .and_then(|(n, max, r)| Some((n.parse().ok()?, max.parse().ok()?, r.parse().ok()?)));
-    let Some((n, max, replays)) = parsed else {
-        eprintln!("usage: soma-handles N MAX_MIB [REPLAYS]");
-        std::process::exit(2);
-    };
-    print_random_replays(Wide(SomaEngine::new(1 << 40, 512)), n, max, replays);
+
+    #[test]
+    fn parses_n_max_mib_and_optional_replays() {
+        let Cli { n, max_mib, replays } = parse(&["100000", "1"]).unwrap();
+        assert_eq!((n, max_mib, replays), (100_000, 1, 1));
+        assert_eq!(parse(&["10", "2", "3"]).unwrap().replays, 3);
+        assert!(parse(&["10"]).is_err());
+        assert!(parse(&["10", "x"]).is_err());
+        assert!(parse(&["10", "1", "2", "3"]).is_err());
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

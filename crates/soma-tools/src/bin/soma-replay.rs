@@ -30,39 +30,85 @@
 //! the frees of one replay are reused by the next through the opportunistic rule once they
 //! have completed. `--sync-per-replay` synchronizes the device after each replay, once what
 //! it leaves live has been freed (or kept, with `--resident`): a server that waits for each
-//! request. The figures are those of the last replay, peaks over all.
+//! request. The figures are those of the last replay, peaks over all; a table (in the JSON,
+//! `replays`) gives every replay's ns per op, map and unmap calls and driver time modelled
+//! with `soma_tools::driver_cost::DriverCostModel::ascend_like` (a replay's calls include
+//! freeing what it leaves live and the synchronisation of `--sync-per-replay`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::{ArgAction, Parser};
 use soma::{MemPool, PoolAlloc, Stream};
+use soma_tools::driver_cost::{DriverCalls, DriverCostModel};
 use soma_tools::trace::{Op, Trace};
 
-#[derive(Debug)]
+/// Replays one allocator trace on the software NPU through soma's public API and prints what
+/// it cost: time per op, peak used and reserved memory, fragmentation, driver calls, reuses.
+///
+/// Sizes accept K, M, G suffixes (powers of 1024). The figures are those of the last replay,
+/// peaks over all.
+#[derive(Debug, Parser)]
+#[command(name = "soma-replay", arg_required_else_help = true)]
 struct Args {
+    /// The allocation trace: CSV `op,id,bytes,stream`, gzipped or not. The workspace's own
+    /// are data/traces/*.csv.gz (format in data/traces/README.md).
+    #[arg(value_name = "TRACE.csv[.gz]")]
     trace: PathBuf,
+    /// Alignment of every block [default: the pool's, 512 B].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     alignment: Option<u64>,
+    /// Most memory the pool may hold [default: the pool's, the device's total memory].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     max_size: Option<u64>,
+    /// Reserved bytes kept at a synchronization [default: the pool's, the max size].
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     release_threshold: Option<u64>,
-    /// `--streams`; `None`: the trace's recorded streams.
+    /// Runs op k of the trace on stream k mod N; a free on another stream than its
+    /// allocation's hands the allocation off first (an event recorded on its stream, waited
+    /// on by the freeing stream) [default: the trace's `stream` column: one stream per
+    /// distinct value, each op on its recorded stream].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     streams: Option<usize>,
+    /// Builds the pool with `stream_shards(S)`.
+    #[arg(long, value_name = "S", default_value_t = 1)]
     shards: usize,
+    /// Synchronizes the device every K ops of the trace (where the release threshold
+    /// applies); 0: only at the end.
+    #[arg(long, value_name = "K", default_value_t = 0)]
     sync_every: usize,
+    /// Device memory of the software NPU.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "64G")]
     capacity: u64,
+    /// Builds the pool with `recycle_on_growth(false)` [default: recycling on].
+    #[arg(long = "no-recycle", action = ArgAction::SetFalse)]
     recycle: bool,
+    /// Replays the trace R times on the same pool; what is live at the end of a replay is
+    /// freed before the next (the model unloaded and loaded again).
+    #[arg(long, value_name = "R", value_parser = at_least_one, default_value_t = 1)]
     replays: usize,
+    /// Keeps what the first replay leaves live (the weights, a training run's optimizer
+    /// state) allocated, and later replays skip it, as a server or a training loop running
+    /// the model again does [default: freed between replays].
+    #[arg(long)]
     resident: bool,
+    /// Runs all ops of replay r on stream r mod N instead of spreading them over the streams
+    /// (a server that runs each request on one stream, its streams in turn); needs
+    /// --streams [default: ops spread over the streams].
+    #[arg(long, requires = "streams")]
     stream_per_replay: bool,
+    /// Synchronizes the device after each replay, once what it leaves live has been freed
+    /// (or kept, with --resident): a server that waits for each request [default: no
+    /// synchronization between replays].
+    #[arg(long)]
     sync_per_replay: bool,
+    /// Prints the figures as one JSON object instead of a table.
+    #[arg(long)]
     json: bool,
 }
 
-const USAGE: &str = "usage: soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] \
-[--release-threshold BYTES] [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle] \
-[--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
-traces: the workspace's own are data/traces/*.csv.gz (format in data/traces/README.md)";
-
+/// A byte count, with an optional `K`, `M` or `G` suffix (powers of 1024).
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.chars().last() {
         Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
@@ -73,85 +119,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
     num.parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}"))
+        .ok_or_else(|| format!("bad size {s:?} (bytes, with an optional K, M or G suffix)"))
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args {
-        trace: PathBuf::new(),
-        alignment: None,
-        max_size: None,
-        release_threshold: None,
-        streams: None,
-        shards: 1,
-        sync_every: 0,
-        capacity: 64 << 30,
-        recycle: true,
-        replays: 1,
-        resident: false,
-        stream_per_replay: false,
-        sync_per_replay: false,
-        json: false,
-    };
-    let mut trace = None;
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "--alignment" => a.alignment = Some(parse_size(&value("--alignment")?)?),
-            "--max-size" => a.max_size = Some(parse_size(&value("--max-size")?)?),
-            "--release-threshold" => {
-                a.release_threshold = Some(parse_size(&value("--release-threshold")?)?)
-            }
-            "--capacity" => a.capacity = parse_size(&value("--capacity")?)?,
-            "--streams" => {
-                let n = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?;
-                a.streams = Some(n);
-                if n == 0 {
-                    return Err("--streams must be at least 1".into());
-                }
-            }
-            "--shards" => {
-                a.shards = value("--shards")?.parse().map_err(|e| format!("--shards: {e}"))?;
-            }
-            "--sync-every" => {
-                a.sync_every =
-                    value("--sync-every")?.parse().map_err(|e| format!("--sync-every: {e}"))?
-            }
-            "--no-recycle" => a.recycle = false,
-            "--replays" => {
-                a.replays = value("--replays")?.parse().map_err(|e| format!("--replays: {e}"))?;
-                if a.replays == 0 {
-                    return Err("--replays must be at least 1".into());
-                }
-            }
-            "--resident" => a.resident = true,
-            "--stream-per-replay" => a.stream_per_replay = true,
-            "--sync-per-replay" => a.sync_per_replay = true,
-            "--json" => a.json = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            s => {
-                if trace.replace(PathBuf::from(s)).is_some() {
-                    return Err(format!("one trace only\n{USAGE}"));
-                }
-            }
-        }
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
-    a.trace = trace.ok_or_else(|| USAGE.to_string())?;
-    if a.stream_per_replay && a.streams.is_none() {
-        return Err("--stream-per-replay needs --streams N".into());
-    }
-    Ok(a)
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -191,43 +172,58 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     // skip those slots: the run repeated with its weights (and a training run's optimizer
     // state) kept, as a server or a training loop does.
     let mut resident: Vec<Option<PoolAlloc<'_, u8>>> = Vec::new();
-    for r in 1..args.replays {
-        let mut hand_offs = 0;
-        let skip = (args.resident && r > 1).then_some(&resident[..]);
-        let on = |k| stream_of(r - 1, k);
+    let mut replays = Vec::with_capacity(args.replays);
+    let mut last = None;
+    for r in 0..args.replays {
+        let pool_before = pool.stats();
+        let sim_before = DriverCalls::of_sim(&sim.stats().calls);
+        let mut hand_offs = 0u64;
+        let skip = (args.resident && r > 0).then_some(&resident[..]);
+        let on = |k| stream_of(r, k);
+        let start = Instant::now();
         let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
-        if args.resident && r == 1 {
-            resident = handles;
-        } else {
+        let elapsed = start.elapsed();
+        // A replay's driver calls include its clean-up: freeing what it leaves live (or
+        // keeping it, with `--resident`) and the synchronisation of `--sync-per-replay`.
+        if r + 1 == args.replays {
+            last = Some((since(pool.stats(), &pool_before), hand_offs, elapsed));
             drop(handles);
+        } else {
+            if args.resident && r == 0 {
+                resident = handles;
+            } else {
+                drop(handles);
+            }
+            if args.sync_per_replay {
+                dev.synchronize()?;
+            }
         }
-        if args.sync_per_replay {
-            dev.synchronize()?;
-        }
+        let pool_after = pool.stats();
+        replays.push(ReplayFigures {
+            elapsed,
+            maps: pool_after.map_calls - pool_before.map_calls,
+            unmaps: pool_after.unmap_calls - pool_before.unmap_calls,
+            calls: DriverCalls::of_sim(&sim.stats().calls) - sim_before,
+        });
     }
-    let calls_before = sim.stats();
-    let pool_before = pool.stats();
-    let mut hand_offs = 0u64;
-    let start = Instant::now();
-    let skip = (args.resident && args.replays > 1).then_some(&resident[..]);
-    let on = |k| stream_of(args.replays - 1, k);
-    let handles = replayer.replay_once(&on, skip, &mut hand_offs)?;
-    let elapsed = start.elapsed();
-    let mut stats = pool.stats();
-    stats.map_calls -= pool_before.map_calls;
-    stats.unmap_calls -= pool_before.unmap_calls;
-    stats.reuses.same_stream -= pool_before.reuses.same_stream;
-    stats.reuses.event_dependency -= pool_before.reuses.event_dependency;
-    stats.reuses.opportunistic -= pool_before.reuses.opportunistic;
-    stats.reuses.internal_dependency -= pool_before.reuses.internal_dependency;
-    stats.reuses.host_synchronized -= pool_before.reuses.host_synchronized;
-    stats.fresh_allocations -= pool_before.fresh_allocations;
-    drop(handles);
     drop(resident);
     dev.synchronize()?;
-    let sim_after = sim.stats();
-    let measured = Measured { streams: n, elapsed, stats, hand_offs, calls_before, sim_after };
+    let (stats, hand_offs, elapsed) = last.expect("at least one replay");
+    let measured = Measured { streams: n, elapsed, stats, hand_offs, replays };
     print_report(args, &trace, &pool, &measured)
+}
+
+/// `now`'s counters since `before` (its peaks and current figures as they are).
+fn since(mut now: soma::PoolStats, before: &soma::PoolStats) -> soma::PoolStats {
+    now.map_calls -= before.map_calls;
+    now.unmap_calls -= before.unmap_calls;
+    now.reuses.same_stream -= before.reuses.same_stream;
+    now.reuses.event_dependency -= before.reuses.event_dependency;
+    now.reuses.opportunistic -= before.reuses.opportunistic;
+    now.reuses.internal_dependency -= before.reuses.internal_dependency;
+    now.reuses.host_synchronized -= before.reuses.host_synchronized;
+    now.fresh_allocations -= before.fresh_allocations;
+    now
 }
 
 /// The index among the trace's distinct stream values (in order of first appearance) of
@@ -304,18 +300,29 @@ impl<'s, 'd> Replayer<'s, 'd> {
     }
 }
 
-/// The figures of the measured (last) replay.
+/// The figures of one replay.
+struct ReplayFigures {
+    /// Wall time of its ops.
+    elapsed: std::time::Duration,
+    /// The pool's map and unmap calls.
+    maps: u64,
+    unmaps: u64,
+    /// The simulator's driver calls by kind.
+    calls: DriverCalls,
+}
+
+/// The figures of the run: of the last replay, and of every replay.
 struct Measured {
     /// Streams the ops ran on.
     streams: usize,
+    /// Wall time of the last replay's ops.
     elapsed: std::time::Duration,
-    /// The pool's statistics, counters of this replay only.
+    /// The pool's statistics, counters of the last replay only.
     stats: soma::PoolStats,
-    /// Frees on another stream than the allocation's.
+    /// Frees on another stream than the allocation's, in the last replay.
     hand_offs: u64,
-    /// The simulator's counters before and after the replay.
-    calls_before: soma::sim::SimStats,
-    sim_after: soma::sim::SimStats,
+    /// Every replay, in order.
+    replays: Vec<ReplayFigures>,
 }
 
 fn print_report(
@@ -324,18 +331,41 @@ fn print_report(
     pool: &MemPool<'_>,
     measured: &Measured,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let Measured { streams: n, elapsed, ref stats, hand_offs, ref calls_before, ref sim_after } =
-        *measured;
+    let Measured { streams: n, elapsed, ref stats, hand_offs, ref replays } = *measured;
+    let model = DriverCostModel::ascend_like();
     let ops = trace.ops.len() as u64;
-    let ns_per_op = elapsed.as_nanos() as f64 / ops.max(1) as f64;
+    let ns = |d: std::time::Duration| d.as_nanos() as f64 / ops.max(1) as f64;
+    let ns_per_op = ns(elapsed);
+    let last = replays.last().expect("at least one replay");
+    let driver_ns = model.ns_per_op(&last.calls, ops);
     let frag_requested = stats.reserved_high as f64 / trace.stats.peak_live_bytes.max(1) as f64;
     if args.json {
+        let per_replay: Vec<String> = replays
+            .iter()
+            .enumerate()
+            .map(|(r, f)| {
+                let driver = model.ns_per_op(&f.calls, ops);
+                format!(
+                    "{{\"replay\":{},\"ns_per_op\":{:.1},\"map_calls\":{},\"unmap_calls\":{},\
+                     \"driver_calls\":{},\"driver_ns_per_op\":{driver:.1},\
+                     \"total_ns_per_op\":{:.1}}}",
+                    r + 1,
+                    ns(f.elapsed),
+                    f.maps,
+                    f.unmaps,
+                    f.calls.to_json(),
+                    ns(f.elapsed) + driver
+                )
+            })
+            .collect();
         println!(
             "{{\"trace\":{},\"ops\":{},\"streams\":{},\"ns_per_op\":{:.1},\
              \"peak_live_requested\":{},\"peak_used\":{},\"peak_reserved\":{},\
              \"fragmentation\":{:.4},\"fragmentation_vs_requested\":{:.4},\"map_calls\":{},\
-             \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{}}}",
-            soma::observe::json_string(&trace.name),
+             \"unmap_calls\":{},\"hand_offs\":{},\"reuses\":{},\"fresh\":{},\
+             \"driver_calls\":{},\"driver_ns_per_op\":{driver_ns:.1},\"total_ns_per_op\":{:.1},\
+             \"driver_cost_ns\":{},\"replays\":[{}]}}",
+            serde_json::to_string(&trace.name)?,
             ops,
             n,
             ns_per_op,
@@ -348,7 +378,11 @@ fn print_report(
             stats.unmap_calls,
             hand_offs,
             stats.reuses.total(),
-            stats.fresh_allocations
+            stats.fresh_allocations,
+            last.calls.to_json(),
+            ns_per_op + driver_ns,
+            model.to_json(),
+            per_replay.join(",")
         );
         return Ok(());
     }
@@ -373,6 +407,11 @@ fn print_report(
         trace.stats.allocs, trace.stats.frees
     );
     println!("time                  {:.3} ms, {ns_per_op:.1} ns/op", elapsed.as_secs_f64() * 1e3);
+    println!(
+        "driver time           {driver_ns:.1} ns/op modelled (Ascend-like: 1 ms per allocation, \
+         100 µs per map, unmap or free), {:.1} ns/op with the time above",
+        ns_per_op + driver_ns
+    );
     println!("peak live (requested) {:.1} MiB", mib(trace.stats.peak_live_bytes));
     println!("peak used             {:.1} MiB", mib(stats.used_high));
     println!("peak reserved         {:.1} MiB", mib(stats.reserved_high));
@@ -396,11 +435,22 @@ fn print_report(
     );
     println!("cross-stream frees    {hand_offs} (hand-offs through events)");
     println!(
-        "simulator             physical allocs {}, maps {}, unmaps {}",
-        sim_after.calls.alloc_physical - calls_before.calls.alloc_physical,
-        sim_after.calls.map - calls_before.calls.map,
-        sim_after.calls.unmap - calls_before.calls.unmap
+        "simulator             physical allocs {}, maps {}, unmaps {}, physical frees {}",
+        last.calls.alloc_physical, last.calls.map, last.calls.unmap, last.calls.free_physical
     );
+    println!("per replay            replay  ns/op  maps  unmaps  driver ns/op  total ns/op");
+    for (r, f) in replays.iter().enumerate() {
+        let driver = model.ns_per_op(&f.calls, ops);
+        println!(
+            "                      {:>6} {:>6.1} {:>5} {:>7} {:>13.1} {:>12.1}",
+            r + 1,
+            ns(f.elapsed),
+            f.maps,
+            f.unmaps,
+            driver,
+            ns(f.elapsed) + driver
+        );
+    }
     Ok(())
 }
 
@@ -408,41 +458,59 @@ fn print_report(
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("soma-replay").chain(args.iter().copied()))
+    }
+
     #[test]
     fn parses_sizes_and_options() {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert_eq!(parse_size("2M").unwrap(), 2 << 20);
         assert_eq!(parse_size("8g").unwrap(), 8 << 30);
         assert!(parse_size("x").is_err());
-        let a = parse_args(
-            [
-                "t.csv",
-                "--streams",
-                "4",
-                "--max-size",
-                "1G",
-                "--json",
-                "--no-recycle",
-                "--replays",
-                "3",
-                "--shards",
-                "2",
-                "--resident",
-                "--stream-per-replay",
-                "--sync-per-replay",
-            ]
-            .map(String::from)
-            .into_iter(),
-        )
+        assert!(parse_size("99999999999G").is_err());
+        let a = parse(&[
+            "t.csv",
+            "--streams",
+            "4",
+            "--max-size",
+            "1G",
+            "--json",
+            "--no-recycle",
+            "--replays",
+            "3",
+            "--shards",
+            "2",
+            "--resident",
+            "--stream-per-replay",
+            "--sync-per-replay",
+        ])
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (Some(4), Some(1 << 30), true));
         assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
         assert!(a.stream_per_replay && a.sync_per_replay);
-        assert!(parse_args(["--replays", "0", "t"].map(String::from).into_iter()).is_err());
-        assert!(parse_args(["--streams", "0", "t"].map(String::from).into_iter()).is_err());
-        assert!(parse_args(std::iter::empty()).is_err());
-        assert!(parse_args(["t", "--stream-per-replay"].map(String::from).into_iter()).is_err());
-        assert_eq!(parse_args(std::iter::once("t".to_string())).unwrap().streams, None);
+        assert!(parse(&["--replays", "0", "t"]).is_err());
+        assert!(parse(&["--streams", "0", "t"]).is_err());
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["t", "u"]).is_err(), "one trace only");
+        assert!(parse(&["t", "--stream-per-replay"]).is_err());
+    }
+
+    #[test]
+    fn defaults_are_the_default_pool_on_the_recorded_streams() {
+        let a = parse(&["t"]).unwrap();
+        assert_eq!(
+            (a.alignment, a.max_size, a.release_threshold, a.streams),
+            (None, None, None, None)
+        );
+        assert_eq!((a.shards, a.sync_every, a.capacity, a.replays), (1, 0, 64 << 30, 1));
+        assert!(a.recycle && !a.resident && !a.stream_per_replay && !a.sync_per_replay && !a.json);
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use ascend_sys::AclError;
-use soma_core::hal::{DevicePtr, DriverError};
+use soma_core::hal::{CaptureErrorKind, DevicePtr, DriverError};
 
 use super::raw::CallError;
 
@@ -41,6 +41,25 @@ pub(crate) fn map_invalid_handle_err(code: AclError, what: &str) -> Option<Drive
 pub(crate) fn map_invalid_value_err(code: AclError, what: &str) -> Option<DriverError> {
     matches!(code, AclError::ERROR_INVALID_PARAM | AclError::ERROR_RT_PARAM_INVALID)
         .then(|| DriverError::InvalidValue(what.to_owned()))
+}
+
+/// A capture rule the runtime enforces: its capture status codes →
+/// [`DriverError::Capture`] of the matching kind.
+pub(crate) fn map_capture_err(code: AclError, what: &str) -> Option<DriverError> {
+    let kind = match code {
+        AclError::ERROR_RT_STREAM_CAPTURED => CaptureErrorKind::StreamCaptured,
+        AclError::ERROR_RT_EVENT_CAPTURED => CaptureErrorKind::EventCaptured,
+        AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT
+        | AclError::ERROR_RT_STREAM_CAPTURE_IMPLICIT
+        | AclError::ERROR_RT_MODEL_CAPTURED => CaptureErrorKind::NotCapturable,
+        AclError::ERROR_RT_STREAM_NOT_CAPTURED => CaptureErrorKind::NotCapturing,
+        AclError::ERROR_RT_STREAM_CAPTURE_UNMATCHED => CaptureErrorKind::Unmatched,
+        AclError::ERROR_RT_STREAM_UNJOINED => CaptureErrorKind::Unjoined,
+        AclError::ERROR_RT_CAPTURE_DEPENDENCY => CaptureErrorKind::Dependency,
+        AclError::ERROR_RT_STREAM_CAPTURE_INVALIDATED => CaptureErrorKind::Invalidated,
+        _ => return None,
+    };
+    Some(DriverError::Capture { kind, message: what.to_owned() })
 }
 
 /// Any other code (`ACL_ERROR_UNINITIALIZE` and every code outside the subset) →
@@ -93,6 +112,7 @@ pub(crate) fn map_alloc_err(
                 .or_else(|| map_unsupported_err(code, &what))
                 .or_else(|| map_invalid_handle_err(code, &what))
                 .or_else(|| map_invalid_value_err(code, &what))
+                .or_else(|| map_capture_err(code, &what))
                 .unwrap_or_else(|| {
                     map_native_err(
                         code,

@@ -2,7 +2,6 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,12 +13,14 @@ use ascend_sys::{
     aclrtMemcpyKind, aclrtPhysicalMemProp, Acl,
 };
 use soma_core::hal::{
-    DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo, MemRef,
-    PhysicalHandle, StreamHal,
+    CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
+    MemRef, PhysicalHandle, ShareableHandle, StreamHal,
 };
 
+use super::capture::Captures;
 use super::conv::{dev_ptr, is_unsupported, map_alloc_err, map_call_err, to_dev_ptr, to_usize};
 use super::event::AscendEvent;
+use super::ranges::{InFlight, MemState};
 use super::raw::{self, ACL_ERROR_REPEAT_INITIALIZE};
 use super::stream::{AscendStream, StreamShared};
 
@@ -86,94 +87,6 @@ pub fn forget_current_device() {
     CURRENT_DEVICE.with(|c| c.set(0));
 }
 
-/// Bookkeeping of the device memory soma handed to or got from the runtime: it lets the
-/// backend validate device ranges (the HAL contract) and return the handle `unmap` needs.
-#[derive(Debug, Default)]
-pub(crate) struct MemState {
-    /// Reservations: start → length.
-    reservations: BTreeMap<u64, u64>,
-    /// Physical allocations: handle → (size, mapped at).
-    physical: HashMap<u64, (u64, Option<u64>)>,
-    /// Mappings: start → (length, handle).
-    mappings: BTreeMap<u64, (u64, u64)>,
-    /// `aclrtMalloc` allocations: start → length.
-    mallocs: BTreeMap<u64, u64>,
-    /// Native pool allocations: start → (length, pool key).
-    pool_allocs: BTreeMap<u64, (u64, u64)>,
-    /// `aclrtMallocHost` allocations: start → length.
-    host_allocs: BTreeMap<u64, u64>,
-}
-
-impl MemState {
-    /// End of the region of `map` containing `addr`, if any.
-    fn end_in<V>(map: &BTreeMap<u64, V>, addr: u64, len_of: impl Fn(&V) -> u64) -> Option<u64> {
-        map.range(..=addr)
-            .next_back()
-            .map(|(&s, v)| s.saturating_add(len_of(v)))
-            .filter(|&end| end > addr)
-    }
-
-    /// Whether `addr..addr+len` is covered by mapped, malloc'd or pool memory (possibly several
-    /// adjacent regions, e.g. consecutive granules of one reservation).
-    pub(crate) fn covers(&self, addr: u64, len: u64) -> bool {
-        let Some(end) = addr.checked_add(len) else { return false };
-        let mut cur = addr;
-        while cur < end {
-            let next = [
-                Self::end_in(&self.mappings, cur, |v| v.0),
-                Self::end_in(&self.mallocs, cur, |v| *v),
-                Self::end_in(&self.pool_allocs, cur, |v| v.0),
-            ]
-            .into_iter()
-            .flatten()
-            .max();
-            match next {
-                Some(n) => cur = n,
-                None => return false,
-            }
-        }
-        true
-    }
-
-    pub(crate) fn pool_insert(&mut self, addr: u64, len: u64, pool: u64) {
-        self.pool_allocs.insert(addr, (len, pool));
-    }
-
-    pub(crate) fn pool_owns(&self, addr: u64, pool: u64) -> bool {
-        self.pool_allocs.get(&addr).is_some_and(|&(_, p)| p == pool)
-    }
-
-    pub(crate) fn pool_remove(&mut self, addr: u64) {
-        self.pool_allocs.remove(&addr);
-    }
-
-    pub(crate) fn pool_count(&self, pool: u64) -> usize {
-        self.pool_allocs.values().filter(|&&(_, p)| p == pool).count()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn test_map(&mut self, addr: u64, len: u64) {
-        self.mappings.insert(addr, (len, 0));
-    }
-
-    #[cfg(test)]
-    pub(crate) fn test_malloc(&mut self, addr: u64, len: u64) {
-        self.mallocs.insert(addr, len);
-    }
-
-    fn overlaps_mapping(&self, start: u64, end: u64) -> bool {
-        self.mappings.range(..end).next_back().is_some_and(|(&s, &(l, _))| s + l > start)
-    }
-}
-
-/// One device range used by an enqueued task (copy or memset), until its stream completes it.
-struct InFlight {
-    stream: Weak<StreamShared>,
-    position: u64,
-    start: u64,
-    end: u64,
-}
-
 /// State shared by a device and its streams, events and pools.
 ///
 /// Lock order (never taken in the other direction): event `last` → memory (`mem`) → stream
@@ -185,10 +98,15 @@ pub(crate) struct DeviceInner {
     pub(crate) info: DeviceInfo,
     phys_prop: aclrtPhysicalMemProp,
     pub(crate) mem: Mutex<MemState>,
-    in_flight: Mutex<(Vec<InFlight>, usize)>,
+    pub(crate) in_flight: Mutex<(Vec<InFlight>, usize)>,
     streams: Mutex<Vec<Weak<StreamShared>>>,
     deferred: Mutex<Option<DriverError>>,
     next_stream_id: AtomicU64,
+    /// The graph captures active on the device's streams.
+    pub(crate) captures: Captures,
+    /// The devices this one has enabled peer access to (`aclrtDeviceEnablePeerAccess`): their
+    /// memory is valid in this device's enqueues.
+    pub(crate) peers: Mutex<Vec<Weak<DeviceInner>>>,
 }
 
 impl DeviceInner {
@@ -201,6 +119,21 @@ impl DeviceInner {
         raw::device::set(&self.acl, self.id).map_err(map_call_err)?;
         CURRENT_DEVICE.with(|c| c.set(self.key));
         Ok(())
+    }
+
+    /// A key unique to this device state in the process (the order in which the memory locks
+    /// of several devices are taken).
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The devices this one has peer access to, while they exist.
+    pub(crate) fn peers_with_access(&self) -> Vec<Arc<DeviceInner>> {
+        let peers = lock(&self.peers);
+        if peers.is_empty() {
+            return Vec::new();
+        }
+        peers.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Stores an error that `Drop` could not return; the next fallible device call returns it.
@@ -216,111 +149,19 @@ impl DeviceInner {
         }
     }
 
-    /// [`DriverError::InvalidAddress`] unless `ptr..ptr+len` is device memory soma knows.
-    pub(crate) fn check_range(&self, ptr: DevicePtr, len: u64) -> DriverResult<()> {
-        if lock(&self.mem).covers(ptr.addr(), len) {
-            Ok(())
-        } else {
-            Err(bad_addr(ptr.addr(), len, "not inside mapped or allocated device memory"))
-        }
-    }
-
-    /// Validates the device end of a copy.
-    pub(crate) fn check_ref(&self, r: MemRef, len: u64) -> DriverResult<()> {
-        match r {
-            MemRef::Device(p) => self.check_range(p, len),
-            MemRef::Host(_) => Ok(()),
-        }
-    }
-
-    /// Runs `f` (an enqueue) with the device ends of `refs` validated and the memory lock held,
-    /// so that no unmap or free of those ranges can slip between the check and the enqueue.
-    pub(crate) fn with_valid<R>(
-        &self,
-        refs: &[(MemRef, u64)],
-        f: impl FnOnce() -> DriverResult<R>,
-    ) -> DriverResult<R> {
-        let mem = lock(&self.mem);
-        for &(r, len) in refs {
-            if let MemRef::Device(p) = r {
-                if !mem.covers(p.addr(), len) {
-                    return Err(bad_addr(
-                        p.addr(),
-                        len,
-                        "not inside mapped or allocated device memory",
-                    ));
-                }
-            }
-        }
-        let out = f();
-        drop(mem);
-        out
-    }
-
     pub(crate) fn register_stream(&self, s: &Arc<StreamShared>) {
         let mut v = lock(&self.streams);
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(s));
     }
 
+    /// The device's streams that are alive.
+    pub(crate) fn live_streams(&self) -> Vec<Arc<StreamShared>> {
+        lock(&self.streams).iter().filter_map(Weak::upgrade).collect()
+    }
+
     pub(crate) fn next_stream_id(&self) -> u64 {
         self.next_stream_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Notes that the task at `position` of `stream` uses `ptr..ptr+len` (device memory).
-    pub(crate) fn note_use(&self, stream: &Arc<StreamShared>, position: u64, r: MemRef, len: u64) {
-        let MemRef::Device(p) = r else { return };
-        let mut guard = lock(&self.in_flight);
-        let (list, cap) = &mut *guard;
-        if list.len() >= *cap {
-            list.retain(|f| f.stream.upgrade().is_some_and(|s| s.completed() < f.position));
-            *cap = (list.len() * 2).max(64);
-        }
-        list.push(InFlight {
-            stream: Arc::downgrade(stream),
-            position,
-            start: p.addr(),
-            end: p.addr().saturating_add(len),
-        });
-    }
-
-    /// [`DriverError::InvalidValue`] if a task in flight uses any byte of `start..end`. Streams
-    /// whose cached completion is behind are queried (`aclrtStreamQuery`) once, outside the
-    /// in-flight lock (lock order: memory → stream → in-flight).
-    fn check_idle(&self, start: u64, end: u64) -> DriverResult<()> {
-        let overlaps = |f: &InFlight| f.start < end && start < f.end;
-        let behind: Vec<Arc<StreamShared>> = {
-            let mut guard = lock(&self.in_flight);
-            let (list, _) = &mut *guard;
-            list.retain(|f| f.stream.upgrade().is_some_and(|s| s.completed() < f.position));
-            let mut v: Vec<Arc<StreamShared>> = Vec::new();
-            for f in list.iter().filter(|f| overlaps(f)) {
-                if let Some(s) = f.stream.upgrade() {
-                    if !v.iter().any(|x| Arc::ptr_eq(x, &s)) {
-                        v.push(s);
-                    }
-                }
-            }
-            v
-        };
-        if behind.is_empty() {
-            return Ok(());
-        }
-        for s in &behind {
-            s.refresh();
-        }
-        let mut guard = lock(&self.in_flight);
-        let (list, _) = &mut *guard;
-        list.retain(|f| f.stream.upgrade().is_some_and(|s| s.completed() < f.position));
-        match list.iter().find(|f| overlaps(f)) {
-            None => Ok(()),
-            Some(f) => Err(DriverError::InvalidValue(format!(
-                "device range {start:#x}..{end:#x} is used by task {} of stream {}, which has \
-                 not completed",
-                f.position,
-                f.stream.upgrade().map_or(0, |s| s.id()),
-            ))),
-        }
     }
 
     /// Free device memory in bytes, 0 if the runtime cannot say (for OOM reports).
@@ -484,6 +325,8 @@ impl AscendDevice {
                 streams: Mutex::new(Vec::new()),
                 deferred: Mutex::new(None),
                 next_stream_id: AtomicU64::new(1),
+                captures: Captures::default(),
+                peers: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -784,6 +627,7 @@ impl DeviceHal for AscendDevice {
                 })
                 .collect()
         };
+        super::capture::drain_outside_captures(d, streams.iter().map(|(s, _)| s));
         raw::device::synchronize(&d.acl).map_err(map_call_err)?;
         // A deferred error is reported only after the drain, which callers count on even
         // when the call fails (the HAL's contract).
@@ -808,7 +652,7 @@ impl DeviceHal for AscendDevice {
         let (dp, sp, kind) = copy_args(dst, src);
         // The memory lock is held for the whole copy: a free or unmap of either range on
         // another thread waits for it instead of pulling the memory from under it.
-        d.with_valid(&[(dst, len), (src, len)], || {
+        d.with_valid(&[(dst, len), (src, len)], |_| {
             // SAFETY: device ends were validated against soma's bookkeeping, and stay mapped
             // (the lock `with_valid` holds); host ends are valid for `len` bytes for the
             // duration of the call (our caller's contract).
@@ -824,12 +668,56 @@ impl DeviceHal for AscendDevice {
         }
         d.enter()?;
         // As in `copy_sync`: the memory lock is held for the whole memset.
-        d.with_valid(&[(MemRef::Device(dst), len)], || {
+        d.with_valid(&[(MemRef::Device(dst), len)], |_| {
             // SAFETY: the range is device memory soma mapped or allocated (checked under the
             // lock `with_valid` holds, which keeps it so).
             unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
                 .map_err(map_call_err)
         })
+    }
+
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        self.ipc_export(handle, check_pids)
+    }
+
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        self.ipc_allow(shareable, pids)
+    }
+
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        self.ipc_import(shareable, size)
+    }
+
+    fn process_id(&self) -> DriverResult<i32> {
+        self.ipc_process_id()
+    }
+
+    fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {
+        self.peer_can_access(peer)
+    }
+
+    fn enable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_enable(peer)
+    }
+
+    fn disable_peer_access(&self, peer: &dyn DeviceHal) -> DriverResult<()> {
+        self.peer_disable(peer)
+    }
+
+    fn peer_access_enabled(&self, peer: &dyn DeviceHal) -> bool {
+        self.peer_enabled(peer)
+    }
+
+    fn exchange_capture_mode(&self, mode: CaptureMode) -> DriverResult<CaptureMode> {
+        super::capture::exchange_mode(&self.inner, mode)
     }
 
     fn create_native_pool(

@@ -9,7 +9,7 @@ use soma_core::hal::{DriverError, DriverResult, EventHal};
 use super::conv::{map_call_err, map_create_err};
 use super::device::{lock, DeviceInner};
 use super::raw;
-use super::stream::{Handle, StreamShared};
+use super::stream::{Handle, Slot, StreamShared};
 
 /// The latest record of an event: the stream and the record's position on it.
 type LastRecord = Option<(Weak<StreamShared>, u64)>;
@@ -53,32 +53,58 @@ impl AscendEvent {
         Arc::ptr_eq(&self.dev, dev)
     }
 
-    /// Enqueues `aclrtRecordEvent(self, stream)`; returns its position.
+    /// Whether `self` is an event of the runtime library `dev` is driven through (any of its
+    /// devices).
+    pub(crate) fn same_runtime(&self, dev: &Arc<DeviceInner>) -> bool {
+        Arc::ptr_eq(&self.dev.acl, &dev.acl)
+    }
+
+    /// Enqueues `aclrtRecordEvent(self, stream)`; returns its position (a captured record
+    /// has none: the stream's enqueued count, and the event remembers a record of no stream,
+    /// whose completion says nothing about any stream's positions).
     pub(crate) fn record_on(&self, stream: &Arc<StreamShared>) -> DriverResult<u64> {
         // Held across the enqueue so that concurrent records leave `last` matching the
         // driver's order (lock order: event → stream).
         let mut last = lock(&self.last);
-        let position = stream.enqueue(|s, _| {
+        let slot = stream.enqueue(|s, _| {
             // SAFETY: both handles are live (owned by live objects) and of this device.
             unsafe { raw::event::record(&self.dev.acl, self.raw.0, s) }.map_err(map_call_err)
         })?;
-        *last = Some((Arc::downgrade(stream), position));
-        Ok(position)
+        Ok(match slot {
+            Slot::Position(position) => {
+                *last = Some((Arc::downgrade(stream), position));
+                position
+            }
+            Slot::Captured(_) => {
+                *last = Some((Weak::new(), 0));
+                stream.enqueued()
+            }
+        })
     }
 
     /// Enqueues `aclrtStreamWaitEvent(stream, self)`, unless the event was never recorded.
+    /// A stream that may join a capture through the wait (a capture is active and the record
+    /// belongs to no live stream) is drained first.
     pub(crate) fn wait_on(&self, stream: &Arc<StreamShared>) -> DriverResult<()> {
         let last = lock(&self.last);
-        if last.is_none() {
-            return Ok(());
+        let Some((recorded_on, record)) = &*last else { return Ok(()) };
+        if self.dev.captures.active()
+            && recorded_on.upgrade().is_none()
+            && stream.capture.id().is_none()
+        {
+            stream.drain()?;
         }
-        stream
-            .enqueue(|s, _| {
-                // SAFETY: both handles are live (owned by live objects) and of this device.
-                unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }
-                    .map_err(map_call_err)
-            })
-            .map(drop)
+        let slot = stream.enqueue_wait(|s, _| {
+            // SAFETY: both handles are live (owned by live objects) and of one runtime
+            // library; a stream may wait on an event of another device.
+            unsafe { raw::event::stream_wait(&self.dev.acl, s, self.raw.0) }.map_err(map_call_err)
+        })?;
+        // Once `stream` is past the wait, the record has completed on its stream (a captured
+        // wait runs only at launches and proves nothing now).
+        if let Slot::Position(at) = slot {
+            stream.waits().push(at, recorded_on.clone(), *record);
+        }
+        Ok(())
     }
 
     /// The event's latest record completed: advance the recording stream.
@@ -127,7 +153,10 @@ impl AscendEvent {
 impl Drop for AscendEvent {
     fn drop(&mut self) {
         let acl = &self.dev.acl;
-        let recorded = lock(&self.last).is_some();
+        // Only a record of a live stream can be pending: a dropped stream drained, and a
+        // captured record (no stream) runs only in its graph, which a synchronisation during
+        // the capture would invalidate.
+        let recorded = lock(&self.last).as_ref().is_some_and(|(s, _)| s.strong_count() > 0);
         let result = self.dev.enter().and_then(|()| {
             if recorded {
                 // SAFETY: the event is live until the destroy below.

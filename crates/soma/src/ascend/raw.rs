@@ -11,10 +11,10 @@ use std::ffi::{c_void, CStr};
 use std::fmt;
 
 use ascend_sys::{
-    acl_fn, aclrtDrvMemHandle, aclrtEvent, aclrtEventRecordedStatus, aclrtHostFunc, aclrtMemAttr,
-    aclrtMemGranularityOptions, aclrtMemMallocPolicy, aclrtMemPool, aclrtMemPoolAttr,
-    aclrtMemPoolProps, aclrtMemcpyKind, aclrtPhysicalMemProp, aclrtStream, aclrtStreamStatus, Acl,
-    AclError, LoadError,
+    acl_fn, aclmdlRI, aclmdlRICaptureMode, aclmdlRICaptureStatus, aclrtDrvMemHandle, aclrtEvent,
+    aclrtEventRecordedStatus, aclrtHostFunc, aclrtMemAttr, aclrtMemGranularityOptions,
+    aclrtMemMallocPolicy, aclrtMemPool, aclrtMemPoolAttr, aclrtMemPoolProps, aclrtMemcpyKind,
+    aclrtPhysicalMemProp, aclrtStream, aclrtStreamStatus, Acl, AclError, LoadError,
 };
 
 /// Why a call failed.
@@ -124,6 +124,29 @@ pub(crate) mod device {
         let f = sym!(acl, aclrtSynchronizeDevice)?;
         // SAFETY: no arguments.
         check(acl, "aclrtSynchronizeDevice", unsafe { f() })
+    }
+
+    /// `aclrtDeviceCanAccessPeer(device, peer)`: whether `device` can access `peer`'s memory.
+    pub(crate) fn can_access_peer(acl: &Acl, device: i32, peer: i32) -> CallResult<bool> {
+        let f = sym!(acl, aclrtDeviceCanAccessPeer)?;
+        let mut can = 0i32;
+        // SAFETY: `can` is a valid out-pointer.
+        check(acl, "aclrtDeviceCanAccessPeer", unsafe { f(&mut can, device, peer) })?;
+        Ok(can != 0)
+    }
+
+    /// `aclrtDeviceEnablePeerAccess(peer, 0)` from the current device.
+    pub(crate) fn enable_peer_access(acl: &Acl, peer: i32) -> CallResult<()> {
+        let f = sym!(acl, aclrtDeviceEnablePeerAccess)?;
+        // SAFETY: no pointers.
+        check(acl, "aclrtDeviceEnablePeerAccess", unsafe { f(peer, 0) })
+    }
+
+    /// `aclrtDeviceDisablePeerAccess(peer)` from the current device.
+    pub(crate) fn disable_peer_access(acl: &Acl, peer: i32) -> CallResult<()> {
+        let f = sym!(acl, aclrtDeviceDisablePeerAccess)?;
+        // SAFETY: no pointers.
+        check(acl, "aclrtDeviceDisablePeerAccess", unsafe { f(peer) })
     }
 
     /// `aclrtGetMemInfo(attr)` of the current device: `(free, total)`.
@@ -483,6 +506,55 @@ pub(crate) mod vmm {
     }
 }
 
+/// Physical memory shared between processes.
+pub(crate) mod ipc {
+    use super::*;
+
+    /// `aclrtMemExportToShareableHandle(h, NONE, flags)`: the shareable handle.
+    ///
+    /// # Safety
+    /// `h` is a live physical allocation of `acl`.
+    pub(crate) unsafe fn export(acl: &Acl, h: aclrtDrvMemHandle, flags: u64) -> CallResult<u64> {
+        let f = sym!(acl, aclrtMemExportToShareableHandle)?;
+        let mut shareable = 0u64;
+        let none = ascend_sys::aclrtMemHandleType::ACL_MEM_HANDLE_TYPE_NONE;
+        // SAFETY: the caller guarantees `h`; `shareable` is a valid out-pointer.
+        check(acl, "aclrtMemExportToShareableHandle", unsafe {
+            f(h, none, flags, &mut shareable)
+        })?;
+        Ok(shareable)
+    }
+
+    /// `aclrtMemSetPidToShareableHandle(shareable, pids)`.
+    pub(crate) fn set_pids(acl: &Acl, shareable: u64, pids: &[i32]) -> CallResult<()> {
+        let f = sym!(acl, aclrtMemSetPidToShareableHandle)?;
+        let mut pids = pids.to_vec();
+        // SAFETY: `pids` is valid for reads of its length (the C signature takes a non-const
+        // pointer; we pass a copy).
+        check(acl, "aclrtMemSetPidToShareableHandle", unsafe {
+            f(shareable, pids.as_mut_ptr(), pids.len())
+        })
+    }
+
+    /// `aclrtMemImportFromShareableHandle(shareable, device)`: a physical handle of `device`.
+    pub(crate) fn import(acl: &Acl, shareable: u64, device: i32) -> CallResult<aclrtDrvMemHandle> {
+        let f = sym!(acl, aclrtMemImportFromShareableHandle)?;
+        let mut h: aclrtDrvMemHandle = std::ptr::null_mut();
+        // SAFETY: `h` is a valid out-pointer.
+        check(acl, "aclrtMemImportFromShareableHandle", unsafe { f(shareable, device, &mut h) })?;
+        Ok(h)
+    }
+
+    /// `aclrtDeviceGetBareTgid`: this process's id for whitelists.
+    pub(crate) fn bare_tgid(acl: &Acl) -> CallResult<i32> {
+        let f = sym!(acl, aclrtDeviceGetBareTgid)?;
+        let mut pid = 0i32;
+        // SAFETY: `pid` is a valid out-pointer.
+        check(acl, "aclrtDeviceGetBareTgid", unsafe { f(&mut pid) })?;
+        Ok(pid)
+    }
+}
+
 /// CANN's stream-ordered memory pool (`aclrtMemPool*`).
 pub(crate) mod pool {
     use super::*;
@@ -571,5 +643,84 @@ pub(crate) mod pool {
         let f = sym!(acl, aclrtMemPoolTrimTo)?;
         // SAFETY: the caller guarantees `p`.
         check(acl, "aclrtMemPoolTrimTo", unsafe { f(p, bytes) })
+    }
+}
+
+/// Model runtime instances built by stream capture (`aclmdlRI*`).
+pub(crate) mod mdl {
+    use super::*;
+
+    /// `aclmdlRICaptureBegin(s, mode)`.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_begin(
+        acl: &Acl,
+        s: aclrtStream,
+        mode: aclmdlRICaptureMode,
+    ) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRICaptureBegin)?;
+        // SAFETY: the caller guarantees `s`.
+        check(acl, "aclmdlRICaptureBegin", unsafe { f(s, mode) })
+    }
+
+    /// `aclmdlRICaptureGetInfo(s)`: the status and the model the stream captures into.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_get_info(
+        acl: &Acl,
+        s: aclrtStream,
+    ) -> CallResult<(aclmdlRICaptureStatus, aclmdlRI)> {
+        let f = sym!(acl, aclmdlRICaptureGetInfo)?;
+        let mut status = aclmdlRICaptureStatus::ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+        let mut model: aclmdlRI = std::ptr::null_mut();
+        // SAFETY: the caller guarantees `s`; both out-pointers are valid.
+        check(acl, "aclmdlRICaptureGetInfo", unsafe { f(s, &mut status, &mut model) })?;
+        Ok((status, model))
+    }
+
+    /// `aclmdlRICaptureEnd(s)`: the captured model.
+    ///
+    /// # Safety
+    /// `s` is a live stream of `acl`.
+    pub(crate) unsafe fn capture_end(acl: &Acl, s: aclrtStream) -> CallResult<aclmdlRI> {
+        let f = sym!(acl, aclmdlRICaptureEnd)?;
+        let mut model: aclmdlRI = std::ptr::null_mut();
+        // SAFETY: the caller guarantees `s`; `model` is a valid out-pointer.
+        check(acl, "aclmdlRICaptureEnd", unsafe { f(s, &mut model) })?;
+        Ok(model)
+    }
+
+    /// `aclmdlRICaptureThreadExchangeMode`: sets the calling thread's mode, returns the old one.
+    pub(crate) fn exchange_mode(
+        acl: &Acl,
+        mode: aclmdlRICaptureMode,
+    ) -> CallResult<aclmdlRICaptureMode> {
+        let f = sym!(acl, aclmdlRICaptureThreadExchangeMode)?;
+        let mut m = mode;
+        // SAFETY: `m` is valid for a read and a write.
+        check(acl, "aclmdlRICaptureThreadExchangeMode", unsafe { f(&mut m) })?;
+        Ok(m)
+    }
+
+    /// `aclmdlRIExecuteAsync(m, s)`.
+    ///
+    /// # Safety
+    /// `m` is a live model and `s` a live stream of `acl`.
+    pub(crate) unsafe fn execute_async(acl: &Acl, m: aclmdlRI, s: aclrtStream) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRIExecuteAsync)?;
+        // SAFETY: the caller guarantees `m` and `s`.
+        check(acl, "aclmdlRIExecuteAsync", unsafe { f(m, s) })
+    }
+
+    /// `aclmdlRIDestroy(m)`.
+    ///
+    /// # Safety
+    /// `m` is a live model of `acl` with no execution in flight, not used afterwards.
+    pub(crate) unsafe fn destroy(acl: &Acl, m: aclmdlRI) -> CallResult<()> {
+        let f = sym!(acl, aclmdlRIDestroy)?;
+        // SAFETY: the caller guarantees `m`.
+        check(acl, "aclmdlRIDestroy", unsafe { f(m) })
     }
 }

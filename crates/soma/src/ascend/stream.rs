@@ -14,7 +14,10 @@
 //! * a host function advances its stream to its own position when it returns;
 //! * device synchronization advances every stream of the device;
 //! * soma-core passes on what its vector clocks learnt ([`StreamHal::note_completed`]): an
-//!   event of another stream that waited on this one, directly or through a chain.
+//!   event of another stream that waited on this one, directly or through a chain;
+//! * a stream that completed a wait on an event has had the event's record complete: every
+//!   advance of a stream's `completed` is passed on along its waits (`waits.rs`), so a
+//!   stream learnt complete (a query, a synchronize) proves the records it waited for.
 //!
 //! `completed()` therefore lags the device (never leads it): the pool engine sees frees as
 //! completed later than they are, which costs reuse opportunities, never safety. Before it
@@ -31,13 +34,16 @@ use std::sync::{Arc, Mutex};
 
 use ascend_sys::{aclrtStream, aclrtStreamStatus};
 use soma_core::hal::{
-    DevicePtr, DriverError, DriverResult, EventHal, HostFn, KernelLaunch, MemRef, StreamHal,
+    CaptureErrorKind, CaptureInfo, CaptureMode, DevicePtr, DriverError, DriverResult, EventHal,
+    GraphHal, HostFn, KernelLaunch, MemRef, ReplayableHostFn, StreamHal,
 };
 
+use super::capture::{self, StreamCapture};
 use super::conv::{dev_ptr, map_call_err, map_create_err, to_usize};
 use super::device::{copy_args, lock, DeviceInner};
 use super::event::AscendEvent;
 use super::raw;
+use super::waits::Waits;
 
 /// A runtime handle, shareable between threads.
 #[derive(Clone, Copy, Debug)]
@@ -49,19 +55,33 @@ unsafe impl Send for Handle {}
 // SAFETY: as above; the handle is never dereferenced by Rust code.
 unsafe impl Sync for Handle {}
 
+/// Where an enqueued task went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Enqueued at this position.
+    Position(u64),
+    /// Captured into the capture with this id: no position.
+    Captured(u64),
+}
+
 /// State shared by a stream, its host functions, the events recorded on it and the device's
 /// in-flight table.
 pub(crate) struct StreamShared {
     pub(crate) dev: Arc<DeviceInner>,
     pub(crate) raw: Handle,
     id: u64,
-    /// Held while enqueuing (so positions follow the driver's order) and while using the handle
-    /// from a non-owner (so it is not destroyed under the call).
-    enqueue: Mutex<()>,
+    /// Held while enqueuing (so positions follow the driver's order), while using the handle
+    /// from a non-owner (so it is not destroyed under the call) and while the stream enters or
+    /// leaves a capture.
+    pub(crate) enqueue: Mutex<()>,
     destroyed: AtomicBool,
     enqueued: AtomicU64,
     completed: AtomicU64,
+    /// Event waits, for what their completion proves about the recording streams.
+    waits: Waits,
     sticky: Mutex<Option<DriverError>>,
+    /// The capture the stream records into, if any.
+    pub(crate) capture: StreamCapture,
 }
 
 impl StreamShared {
@@ -77,9 +97,15 @@ impl StreamShared {
         self.completed.load(Ordering::Acquire)
     }
 
-    /// Records that every task at position `<= position` has completed.
-    pub(crate) fn mark_completed(&self, position: u64) {
-        self.completed.fetch_max(position.min(self.enqueued()), Ordering::AcqRel);
+    /// Raises `completed` to `position` (at most what was enqueued); returns the new value.
+    pub(crate) fn advance_completed(&self, position: u64) -> u64 {
+        let target = position.min(self.enqueued());
+        self.completed.fetch_max(target, Ordering::AcqRel).max(target)
+    }
+
+    /// The waits on events whose completion this stream has not passed on yet.
+    pub(crate) fn waits(&self) -> &Waits {
+        &self.waits
     }
 
     /// The sticky error (a host function panicked), if any.
@@ -103,19 +129,59 @@ impl StreamShared {
         lock(&self.sticky).get_or_insert(e);
     }
 
-    /// Enqueues one task: `f(handle, position)` makes the driver call; on success the task takes
-    /// `position`. Returns the position.
+    /// Enqueues one task: `f(handle, slot)` makes the driver call; on success the task takes
+    /// the position `slot` names. On a capturing stream the runtime captures the task: `slot`
+    /// is [`Slot::Captured`] and no position is taken.
     pub(crate) fn enqueue(
         &self,
-        f: impl FnOnce(aclrtStream, u64) -> DriverResult<()>,
-    ) -> DriverResult<u64> {
+        f: impl FnOnce(aclrtStream, Slot) -> DriverResult<()>,
+    ) -> DriverResult<Slot> {
+        self.enqueue_task(false, f)
+    }
+
+    /// [`enqueue`](Self::enqueue) for an event wait, which may make the stream join a
+    /// capture (then it is captured too).
+    pub(crate) fn enqueue_wait(
+        &self,
+        f: impl FnOnce(aclrtStream, Slot) -> DriverResult<()>,
+    ) -> DriverResult<Slot> {
+        self.enqueue_task(true, f)
+    }
+
+    fn enqueue_task(
+        &self,
+        may_join: bool,
+        f: impl FnOnce(aclrtStream, Slot) -> DriverResult<()>,
+    ) -> DriverResult<Slot> {
         self.dev.check_err()?;
         self.dev.enter()?;
         let _g = lock(&self.enqueue);
+        if let Some(id) = self.capture.id() {
+            f(self.raw.0, Slot::Captured(id))?;
+            self.dev.captures.note_task(id);
+            return Ok(Slot::Captured(id));
+        }
         let position = self.enqueued.load(Ordering::Relaxed) + 1;
-        f(self.raw.0, position)?;
+        f(self.raw.0, Slot::Position(position))?;
+        if may_join && self.dev.captures.active() {
+            if let Some(id) = capture::joined(self)? {
+                return Ok(Slot::Captured(id));
+            }
+        }
         self.enqueued.store(position, Ordering::Release);
-        Ok(position)
+        Ok(Slot::Position(position))
+    }
+
+    /// Waits for everything enqueued so far (`aclrtSynchronizeStream`); done before the stream
+    /// begins or joins a capture.
+    pub(crate) fn drain(&self) -> DriverResult<()> {
+        self.dev.check_err()?;
+        self.dev.enter()?;
+        let n = self.enqueued();
+        // SAFETY: the handle is live while `self` is (the stream's owner holds it).
+        unsafe { raw::stream::synchronize(&self.dev.acl, self.raw.0) }.map_err(map_call_err)?;
+        self.mark_completed(n);
+        Ok(())
     }
 
     /// Queries the driver once (`aclrtStreamQuery`) and advances `completed` if the stream is
@@ -215,6 +281,33 @@ impl AscendStreamExt for soma_core::Stream<'_> {
     }
 }
 
+/// Launches host function `f` as task `position` of `s` (enqueue lock held).
+fn launch_host_task(
+    s: &Arc<StreamShared>,
+    raw_stream: aclrtStream,
+    f: HostFn,
+    position: u64,
+) -> DriverResult<()> {
+    let task = Box::into_raw(Box::new(HostFnTask { f, stream: Arc::clone(s), position }));
+    // SAFETY: the stream is live; the trampoline is sound to call once with `task` (a leaked
+    // `HostFnTask` box it takes back).
+    let r = unsafe {
+        raw::stream::launch_host_func(
+            &s.dev.acl,
+            raw_stream,
+            Some(host_fn_trampoline),
+            task.cast::<c_void>(),
+        )
+    };
+    if let Err(e) = r {
+        // SAFETY: the launch failed, so the runtime never calls the trampoline: this is the
+        // only owner of the box.
+        drop(unsafe { Box::from_raw(task) });
+        return Err(map_call_err(e));
+    }
+    Ok(())
+}
+
 /// A stream of an [`AscendDevice`](super::AscendDevice): implements [`StreamHal`].
 ///
 /// Dropping it synchronizes it (`aclrtSynchronizeStream`), then destroys it
@@ -247,7 +340,9 @@ impl AscendStream {
             destroyed: AtomicBool::new(false),
             enqueued: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            waits: Waits::default(),
             sticky: Mutex::new(None),
+            capture: StreamCapture::default(),
         });
         dev.register_stream(&shared);
         Ok(Self { shared })
@@ -264,19 +359,35 @@ impl AscendStream {
         Arc::ptr_eq(&self.shared.dev, dev)
     }
 
+    /// An event of this device, to record.
     fn event<'a>(&self, event: &'a dyn EventHal) -> DriverResult<&'a AscendEvent> {
-        let e = event.as_any().downcast_ref::<AscendEvent>().ok_or_else(|| {
-            DriverError::InvalidHandle("the event is not an event of the ascend backend".into())
-        })?;
+        let e = Self::ascend_event(event)?;
         if !e.same_device(&self.shared.dev) {
             return Err(DriverError::InvalidHandle("the event belongs to another device".into()));
         }
         Ok(e)
     }
 
+    /// An event of any device of this runtime, to wait on (the order holds across devices).
+    fn event_to_wait<'a>(&self, event: &'a dyn EventHal) -> DriverResult<&'a AscendEvent> {
+        let e = Self::ascend_event(event)?;
+        if !e.same_runtime(&self.shared.dev) {
+            return Err(DriverError::InvalidHandle(
+                "the event belongs to another runtime library".into(),
+            ));
+        }
+        Ok(e)
+    }
+
+    fn ascend_event(event: &dyn EventHal) -> DriverResult<&AscendEvent> {
+        event.as_any().downcast_ref::<AscendEvent>().ok_or_else(|| {
+            DriverError::InvalidHandle("the event is not an event of the ascend backend".into())
+        })
+    }
+
     fn copy(&self, dst: MemRef, src: MemRef, len: u64) -> DriverResult<()> {
         let s = &self.shared;
-        s.dev.with_valid(&[(dst, len), (src, len)], || {
+        s.dev.with_valid(&[(dst, len), (src, len)], |owners| {
             if len == 0 {
                 return Ok(());
             }
@@ -285,12 +396,16 @@ impl AscendStream {
             let position = s.enqueue(|raw, _| {
                 // SAFETY: device ends are validated and stay mapped while the memory lock is
                 // held (unmap/free also check in-flight use); host ends stay valid until the
-                // task completes (the caller's contract, see `copy_async`); the stream is live.
+                // task completes, or the graph is destroyed when it is captured (the caller's
+                // contract, see `copy_async`); the stream is live.
                 unsafe { raw::mem::memcpy_async(&s.dev.acl, dp, sp, n, kind, raw) }
                     .map_err(map_call_err)
             })?;
-            s.dev.note_use(s, position, dst, len);
-            s.dev.note_use(s, position, src, len);
+            // A captured copy uses the memory at the graph's launches, not now.
+            if let Slot::Position(position) = position {
+                owners.note_use(0, s, position, dst, len);
+                owners.note_use(1, s, position, src, len);
+            }
             Ok(())
         })
     }
@@ -368,25 +483,16 @@ impl StreamHal for AscendStream {
 
     fn host_fn(&self, f: HostFn) -> DriverResult<()> {
         let s = &self.shared;
-        s.enqueue(|raw, position| {
-            let task = Box::into_raw(Box::new(HostFnTask { f, stream: s.clone(), position }));
-            // SAFETY: the stream is live; the trampoline is sound to call once with `task`
-            // (a leaked `HostFnTask` box it takes back).
-            let r = unsafe {
-                raw::stream::launch_host_func(
-                    &s.dev.acl,
-                    raw,
-                    Some(host_fn_trampoline),
-                    task.cast::<c_void>(),
-                )
-            };
-            if let Err(e) = r {
-                // SAFETY: the launch failed, so the runtime never calls the trampoline: this is
-                // the only owner of the box.
-                drop(unsafe { Box::from_raw(task) });
-                return Err(map_call_err(e));
-            }
-            Ok(())
+        s.enqueue(|raw, slot| match slot {
+            Slot::Position(position) => launch_host_task(s, raw, f, position),
+            Slot::Captured(_) => Err(DriverError::Capture {
+                kind: CaptureErrorKind::NotCapturable,
+                message: format!(
+                    "a host function on stream {}, which is capturing, cannot be captured: its \
+                     body runs once (FnOnce); use the replayable form",
+                    s.id()
+                ),
+            }),
         })
         .map(drop)
     }
@@ -409,7 +515,7 @@ impl StreamHal for AscendStream {
     fn memset(&self, dst: DevicePtr, value: u8, len: u64) -> DriverResult<()> {
         let s = &self.shared;
         let r = MemRef::Device(dst);
-        s.dev.with_valid(&[(r, len)], || {
+        s.dev.with_valid(&[(r, len)], |owners| {
             if len == 0 {
                 return Ok(());
             }
@@ -422,7 +528,9 @@ impl StreamHal for AscendStream {
                 }
                 .map_err(map_call_err)
             })?;
-            s.dev.note_use(s, position, r, len);
+            if let Slot::Position(position) = position {
+                owners.note_use(0, s, position, r, len);
+            }
             Ok(())
         })
     }
@@ -433,8 +541,33 @@ impl StreamHal for AscendStream {
     }
 
     fn wait(&self, event: &dyn EventHal) -> DriverResult<()> {
-        let e = self.event(event)?;
+        let e = self.event_to_wait(event)?;
         e.wait_on(&self.shared)
+    }
+
+    fn host_fn_replayable(&self, f: ReplayableHostFn) -> DriverResult<()> {
+        let s = &self.shared;
+        s.enqueue(|raw, slot| match slot {
+            Slot::Position(position) => launch_host_task(s, raw, Box::new(move || f()), position),
+            Slot::Captured(id) => capture::launch_replayable_host_fn(s, raw, id, f),
+        })
+        .map(drop)
+    }
+
+    fn begin_capture(&self, mode: CaptureMode) -> DriverResult<()> {
+        capture::begin(&self.shared, mode)
+    }
+
+    fn end_capture(&self) -> DriverResult<Box<dyn GraphHal>> {
+        Ok(Box::new(capture::end(&self.shared)?))
+    }
+
+    fn capture_info(&self) -> DriverResult<CaptureInfo> {
+        capture::info(&self.shared)
+    }
+
+    fn capture_epoch(&self) -> u64 {
+        self.shared.capture.epoch()
     }
 
     fn as_any(&self) -> &dyn Any {

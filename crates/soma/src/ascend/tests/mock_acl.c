@@ -117,6 +117,19 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
 }
 void mock_run_all(void);
 aclError aclrtSynchronizeDevice(void) { mock_run_all(); return ACL_SUCCESS; }
+/* One device: it has no peer. */
+aclError aclrtDeviceCanAccessPeer(int32_t *can, int32_t id, int32_t peer) {
+    (void)can; (void)id; (void)peer;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
+aclError aclrtDeviceEnablePeerAccess(int32_t peer, uint32_t flags) {
+    (void)peer; (void)flags;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
+aclError aclrtDeviceDisablePeerAccess(int32_t peer) {
+    (void)peer;
+    return fail(ACL_ERROR_INVALID_PARAM, "mock: one device, no peer");
+}
 aclError aclrtCreateContext(aclrtContext *c, int32_t id) { (void)id; *c = &default_stream; return ACL_SUCCESS; }
 aclError aclrtDestroyContext(aclrtContext c) { (void)c; return ACL_SUCCESS; }
 aclError aclrtSetCurrentContext(aclrtContext c) { (void)c; return ACL_SUCCESS; }
@@ -369,6 +382,27 @@ aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
     return ACL_SUCCESS;
 }
 
+/* ---- IPC: a process of its own, whose exports nobody imports ---- */
+aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle h, aclrtMemHandleType t,
+                                         uint64_t flags, uint64_t *out) {
+    (void)t; (void)flags;
+    *out = (uint64_t)(uintptr_t)h;
+    return ACL_SUCCESS;
+}
+aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pid, size_t n) {
+    (void)shareable; (void)pid; (void)n;
+    return ACL_SUCCESS;
+}
+aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t id,
+                                           aclrtDrvMemHandle *h) {
+    (void)shareable; (void)id; (void)h;
+    return fail(ACL_ERROR_RT_PARAM_INVALID, "mock: import and export only across processes");
+}
+aclError aclrtDeviceGetBareTgid(int32_t *pid) {
+    *pid = 4242;
+    return ACL_SUCCESS;
+}
+
 /* ---- pools ---- */
 aclError aclrtMemPoolCreate(aclrtMemPool *out, const aclrtMemPoolProps *p) {
     if (!pool_supported) return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: not Atlas A2");
@@ -432,4 +466,41 @@ aclError aclrtMemPoolTrimTo(aclrtMemPool mp, size_t keep) {
     struct pool *pl = mp;
     if (keep > pl->max) return fail(ACL_ERROR_INVALID_PARAM, "mock: keep > size");
     return ACL_SUCCESS;
+}
+
+/* ---- acl_rt.h, model runtime instances: this double offers no capture (the backend's capture
+ * runs over soma-capi in the integration tests); it answers as a runtime without it would ---- */
+aclError aclmdlRICaptureBegin(aclrtStream s, aclmdlRICaptureMode mode) {
+    (void)s;
+    (void)mode;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: no stream capture");
+}
+aclError aclmdlRICaptureGetInfo(aclrtStream s, aclmdlRICaptureStatus *status, aclmdlRI *m) {
+    (void)s;
+    *status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+    *m = NULL;
+    return ACL_SUCCESS;
+}
+aclError aclmdlRICaptureEnd(aclrtStream s, aclmdlRI *m) {
+    (void)s;
+    (void)m;
+    return fail(ACL_ERROR_RT_STREAM_NOT_CAPTURED, "mock: not capturing");
+}
+aclError aclmdlRICaptureThreadExchangeMode(aclmdlRICaptureMode *mode) {
+    (void)mode;
+    return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: no stream capture");
+}
+aclError aclmdlRIExecuteAsync(aclmdlRI m, aclrtStream s) {
+    (void)m;
+    (void)s;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
+}
+aclError aclmdlRIExecute(aclmdlRI m, int32_t timeout) {
+    (void)m;
+    (void)timeout;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
+}
+aclError aclmdlRIDestroy(aclmdlRI m) {
+    (void)m;
+    return fail(ACL_ERROR_RT_INVALID_HANDLE, "mock: no models");
 }

@@ -13,11 +13,12 @@ use std::sync::{Arc, OnceLock};
 
 use ascend_sys::{aclrtMemPoolAttr, Acl, AclError, LoadError};
 use soma_core::hal::{
-    DeviceHal, DevicePtr, DriverError, EventHal, KernelLaunch, MemRef, StreamHal,
+    CaptureErrorKind, DeviceHal, DevicePtr, DriverError, EventHal, KernelLaunch, MemRef, StreamHal,
 };
 
 use super::conv::{is_unsupported, map_alloc_err, map_call_err};
-use super::device::{copy_args, MemState};
+use super::device::copy_args;
+use super::ranges::MemState;
 use super::raw::CallError;
 use super::*;
 
@@ -47,6 +48,20 @@ fn error_mapping_table() {
     }
     for code in [AclError::ERROR_INVALID_PARAM, AclError::ERROR_RT_PARAM_INVALID] {
         assert!(matches!(map_call_err(acl_err(code)), DriverError::InvalidValue(_)), "{code}");
+    }
+    for (code, kind) in [
+        (AclError::ERROR_RT_STREAM_CAPTURED, CaptureErrorKind::StreamCaptured),
+        (AclError::ERROR_RT_STREAM_CAPTURE_INVALIDATED, CaptureErrorKind::Invalidated),
+        (AclError::ERROR_RT_STREAM_UNJOINED, CaptureErrorKind::Unjoined),
+        (AclError::ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureErrorKind::NotCapturable),
+    ] {
+        match map_call_err(acl_err(code)) {
+            DriverError::Capture { kind: k, message } => {
+                assert_eq!(k, kind, "{code}");
+                assert!(message.contains("the message"), "{message}");
+            }
+            other => panic!("{code}: {other:?}"),
+        }
     }
     for code in [AclError::ERROR_UNINITIALIZE, AclError(507_011), AclError(-1)] {
         match map_call_err(acl_err(code)) {
@@ -531,6 +546,27 @@ fn public_types_are_thread_safe() {
     send_sync::<AscendStream>();
     send_sync::<AscendEvent>();
     send_sync::<NativePool>();
+}
+
+/// A runtime without stream capture: beginning one is `Unsupported`, the stream stays out
+/// of capture and keeps taking positions.
+#[test]
+fn capture_refused_by_the_runtime_is_unsupported() {
+    use soma_core::hal::{CaptureInfo, CaptureMode, StreamHal};
+    let acl = mock_or_skip!("capture");
+    let d = dev(&acl);
+    let s = d.create_ascend_stream().unwrap();
+    assert!(matches!(s.begin_capture(CaptureMode::Global), Err(DriverError::Unsupported(_))));
+    assert_eq!(s.capture_info(), Ok(CaptureInfo::NONE));
+    assert_eq!(s.capture_epoch(), 0);
+    assert!(matches!(
+        d.exchange_capture_mode(CaptureMode::Relaxed),
+        Err(DriverError::Unsupported(_))
+    ));
+    let before = s.enqueued();
+    s.host_fn_replayable(Arc::new(|| ())).unwrap();
+    assert_eq!(s.enqueued(), before + 1);
+    s.synchronize().unwrap();
 }
 
 /// The pool engine of soma-core over this backend (over the test double): the VMM path

@@ -1,0 +1,237 @@
+//! In-flight accesses: the ranges a running task or a synchronous call holds, and the
+//! slices and copies made through them.
+
+use std::cell::Cell;
+
+use smallvec::SmallVec;
+use soma_core::hal::{AccessMode, DriverError, DriverResult, KernelBuffers, KernelError};
+
+use super::{DeviceMemory, Range};
+
+pub(super) fn mode_verb(m: AccessMode) -> &'static str {
+    match m {
+        AccessMode::Read => "reads",
+        AccessMode::Write => "writes",
+    }
+}
+
+pub(super) fn invalid(r: &Range) -> DriverError {
+    DriverError::InvalidAddress {
+        addr: r.addr,
+        len: r.len,
+        reason: "range is not inside mapped device memory".into(),
+    }
+}
+
+/// Rejects a request whose write ranges overlap any other of its ranges.
+pub(crate) fn check_no_self_overlap(ranges: &[Range]) -> DriverResult<()> {
+    for (i, a) in ranges.iter().enumerate() {
+        if a.mode != AccessMode::Write {
+            continue;
+        }
+        for (j, b) in ranges.iter().enumerate() {
+            if i != j && a.overlaps(b.addr, b.end()) && b.len > 0 {
+                return Err(DriverError::InvalidValue(format!(
+                    "buffer {i} ({:#x} +{} bytes, written) overlaps buffer {j} ({:#x} +{} bytes)",
+                    a.addr, a.len, b.addr, b.len
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Borrow {
+    None,
+    Shared,
+    Mutable,
+}
+
+/// A set of device ranges registered in flight. While it lives the ranges stay mapped and no
+/// conflicting access can be registered; dropping it removes the registration.
+pub(crate) struct Access<'m> {
+    pub(super) mem: &'m DeviceMemory,
+    pub(super) id: u64,
+    pub(super) ranges: SmallVec<[Range; 4]>,
+    pub(super) flags: SmallVec<[Cell<Borrow>; 4]>,
+}
+
+impl Drop for Access<'_> {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.mem.state.lock().inflight.retain(|h| h.id != id);
+    }
+}
+
+/// Host memory given to a copy by a caller of an `unsafe` copy function.
+pub(crate) struct HostSpan {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a HostSpan is created only through `HostSpan::new`, whose caller promises the memory
+// stays valid and unaliased until the copy task using it has completed, on whatever thread.
+unsafe impl Send for HostSpan {}
+
+impl HostSpan {
+    /// Wraps host memory for a copy.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads (as a source) or writes (as a destination) of `len` bytes,
+    /// and not be accessed by anyone else in a conflicting way, until the span is dropped.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        Self { ptr, len }
+    }
+}
+
+/// One end of a copy as executed.
+pub(crate) enum End {
+    /// A device address; must lie in a range of the [`Access`] (a write range for a
+    /// destination).
+    Device(u64),
+    /// Host memory.
+    Host(HostSpan),
+}
+
+impl Access<'_> {
+    pub(super) fn covered(&self, addr: u64, len: u64, write: bool) -> bool {
+        let Some(end) = addr.checked_add(len) else { return false };
+        self.ranges
+            .iter()
+            .any(|r| r.addr <= addr && end <= r.end() && (!write || r.mode == AccessMode::Write))
+    }
+
+    /// Copies `len` bytes (memmove semantics: the ends may overlap).
+    pub fn copy(&mut self, dst: &End, src: &End, len: u64) -> DriverResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
+        let d = match dst {
+            End::Device(a) if self.covered(*a, len, true) => self.mem.ptr(*a),
+            End::Host(h) if h.len >= n => h.ptr,
+            End::Device(a) => return Err(not_held(*a, len)),
+            End::Host(_) => return Err(DriverError::InvalidValue("host span too short".into())),
+        };
+        let s = match src {
+            End::Device(a) if self.covered(*a, len, false) => self.mem.ptr(*a).cast_const(),
+            End::Host(h) if h.len >= n => h.ptr.cast_const(),
+            End::Device(a) => return Err(not_held(*a, len)),
+            End::Host(_) => return Err(DriverError::InvalidValue("host span too short".into())),
+        };
+        // SAFETY: device ends are inside ranges of this Access (mapped READ|WRITE, the
+        // destination registered for writing, so no other thread touches it); host ends are
+        // valid per the contract of `HostSpan::new`. `&mut self` means no slice handed out by
+        // this Access is alive. `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(s, d, n) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from device address `src`, in a range of `from`, to device address
+    /// `dst`, in a write range of `self`: a copy between two memories (peer access).
+    pub fn copy_from(
+        &mut self,
+        dst: u64,
+        from: &mut Access<'_>,
+        src: u64,
+        len: u64,
+    ) -> DriverResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if std::ptr::eq(self.mem, from.mem) {
+            return Err(DriverError::InvalidValue("a copy between two memories: same one".into()));
+        }
+        if !self.covered(dst, len, true) {
+            return Err(not_held(dst, len));
+        }
+        if !from.covered(src, len, false) {
+            return Err(not_held(src, len));
+        }
+        let n = usize::try_from(len).map_err(|_| DriverError::InvalidValue("length".into()))?;
+        // SAFETY: `dst` is inside a write range of this Access and `src` inside a range of
+        // `from` (both mapped READ|WRITE and registered in flight, so no other thread writes
+        // either or reads the destination); `&mut` on both means no slice handed out by
+        // either is alive. The two Accesses are of two memories, two distinct arenas: the
+        // ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(from.mem.ptr(src), self.mem.ptr(dst), n) };
+        Ok(())
+    }
+
+    /// Sets `len` bytes at device address `addr` to `value`.
+    pub fn fill(&mut self, addr: u64, value: u8, len: u64) -> DriverResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if !self.covered(addr, len, true) {
+            return Err(not_held(addr, len));
+        }
+        // SAFETY: the range is inside a write range of this Access: mapped, and no other
+        // thread may access it; `&mut self` means no slice of this Access is alive.
+        unsafe { std::ptr::write_bytes(self.mem.ptr(addr), value, len as usize) };
+        Ok(())
+    }
+}
+
+pub(super) fn not_held(addr: u64, len: u64) -> DriverError {
+    DriverError::InvalidAddress {
+        addr,
+        len,
+        reason: "range is not part of the task's registered accesses".into(),
+    }
+}
+
+impl KernelBuffers for Access<'_> {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    fn bytes(&self, index: usize) -> Result<&[u8], KernelError> {
+        let (r, f) = self.slot(index)?;
+        if f.get() == Borrow::Mutable {
+            return Err(KernelError(format!("buffer {index} is already borrowed mutably")));
+        }
+        f.set(Borrow::Shared);
+        if r.len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the range is mapped READ|WRITE and registered in flight for this Access, so
+        // it stays mapped while `self` is borrowed; no other thread writes it (a write range
+        // of another owner would have been a conflict), and within this Access the only
+        // mutable borrow of an overlapping range would be a write buffer, which `acquire`
+        // (exclusive_writes) guarantees overlaps no other buffer, and which is never handed
+        // out mutably once shared (flags).
+        Ok(unsafe { std::slice::from_raw_parts(self.mem.ptr(r.addr), r.len as usize) })
+    }
+
+    fn bytes_mut(&self, index: usize) -> Result<&mut [u8], KernelError> {
+        let (r, f) = self.slot(index)?;
+        if r.mode != AccessMode::Write {
+            return Err(KernelError(format!("buffer {index} is not declared for writing")));
+        }
+        if f.get() != Borrow::None {
+            return Err(KernelError(format!("buffer {index} is already borrowed")));
+        }
+        f.set(Borrow::Mutable);
+        if r.len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `bytes`; in addition the flag makes this the only borrow of the
+        // buffer for the life of `self`, the write range overlaps no other buffer of this
+        // Access, and no other owner may hold any overlapping range.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.mem.ptr(r.addr), r.len as usize) })
+    }
+}
+
+impl Access<'_> {
+    fn slot(&self, index: usize) -> Result<(Range, &Cell<Borrow>), KernelError> {
+        match (self.ranges.get(index), self.flags.get(index)) {
+            (Some(r), Some(f)) => Ok((*r, f)),
+            _ => Err(KernelError(format!(
+                "buffer index {index} out of range ({} buffers)",
+                self.ranges.len()
+            ))),
+        }
+    }
+}
