@@ -286,7 +286,8 @@ impl Engine {
         let grant = Grant { reuse, dependency: None };
         let b = &self.slab.blocks[idx as usize];
         let (offset, b_size, tagged) = (b.offset, b.size, b.tagged);
-        if offset % align != 0 || b_size == size {
+        // `align` is a power of two (`checked_request`).
+        if offset & (align - 1) != 0 || b_size == size {
             return Some(self.commit_unindexed(idx, size, align, grant));
         }
         // Carving the front: the rest stays the border block, with its tag, in no index.

@@ -91,10 +91,20 @@ impl Engine {
     /// for last only moves more memory.)
     #[inline(always)]
     pub(crate) fn below_the_top_hole(&self, b: &Block) -> bool {
-        !self.recycle_on_growth && b.next != NIL && {
-            let n = &self.slab.blocks[b.next as usize];
-            n.kind == Kind::Unmapped && n.next == NIL
-        }
+        b.end() == self.border_end
+    }
+
+    /// Sets where the border block ends, after the holes or the recycling setting changed:
+    /// the start of the last hole if it reaches the end of the range and recycling is off.
+    pub(crate) fn locate_border_end(&mut self) {
+        self.border_end = match self.holes.iter().next_back() {
+            Some((&off, &h))
+                if !self.recycle_on_growth && self.slab.blocks[h as usize].next == NIL =>
+            {
+                off
+            }
+            _ => u64::MAX,
+        };
     }
 
     /// Makes free block `idx` (in no index, the top hole after it) the border block.

@@ -111,6 +111,7 @@ impl Engine {
         // The free block below the top hole is the border block only without recycling.
         let top_block = self.holes.iter().next_back().map(|(_, &h)| self.slab.blocks[h as usize]);
         self.recycle_on_growth = yes;
+        self.locate_border_end();
         if let Some(t) = top_block.filter(|t| t.next == NIL && t.prev != NIL) {
             if self.slab.blocks[t.prev as usize].kind == Kind::Free {
                 self.refile_free(t.prev);

@@ -397,6 +397,7 @@ impl Engine {
             let rest = self.slab.split(mid, off + len);
             self.holes.insert(off + len, rest);
         }
+        self.locate_border_end();
         let m = &mut self.slab.blocks[mid as usize];
         m.kind = Kind::Free;
         m.tagged = false;

@@ -62,7 +62,16 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 if b.tagged {
                     pending += b.size;
                 }
-                let below_unmapped = e.below_the_top_hole(b);
+                // From the block list, not `Engine::border_end`, which this checks.
+                let below_unmapped = !e.recycle_on_growth
+                    && b.next != NIL
+                    && blocks[b.next as usize].kind == Kind::Unmapped
+                    && blocks[b.next as usize].next == NIL;
+                ensure!(
+                    below_unmapped == e.below_the_top_hole(b),
+                    "free block {cur}: the recorded border end {} is stale",
+                    e.border_end
+                );
                 ensure!(
                     below_unmapped == (b.cls == BORDER),
                     "free block {cur}: border mark {} but the top hole after it {below_unmapped}",

@@ -289,6 +289,11 @@ pub struct Engine {
     border: u32,
     /// Bytes in the border block, and the same if it is tagged.
     border_bytes: (u64, u64),
+    /// Where the border block ends: the start of the unmapped space that reaches the end of
+    /// the range, when recycling is off; `u64::MAX` otherwise. A free block is the border
+    /// block when it ends there (one compare on every free, instead of reading the block
+    /// after it).
+    border_end: u64,
     /// Unmapped blocks by offset.
     holes: BTreeMap<u64, u32>,
     /// Mapped segments by offset.
@@ -377,6 +382,7 @@ impl Engine {
             indexes,
             border: block::NIL,
             border_bytes: (0, 0),
+            border_end: 0,
             holes,
             segments: BTreeMap::new(),
             bounds: bounds::Boundaries::default(),

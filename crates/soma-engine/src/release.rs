@@ -318,6 +318,7 @@ impl Engine {
             self.holes.insert(self.slab.blocks[u as usize].offset, u);
             u
         };
+        self.locate_border_end();
         // The free block below the hole becomes the border block if the hole reaches the
         // end of the range now.
         let below = self.slab.blocks[hole as usize].prev;

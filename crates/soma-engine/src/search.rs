@@ -241,6 +241,7 @@ impl Engine {
     /// workload run again on mapped memory places its blocks as its first run did while the
     /// pool grew: where that run extended the mapped memory at its top, the next one finds
     /// the same border block, only larger.
+    #[inline(always)]
     pub(crate) fn find_border(
         &self,
         size: u64,
