@@ -375,8 +375,8 @@ impl Engine {
     }
 
     /// Turns `[off, off + len)` of the hole containing it into a mapped, untagged free block
-    /// (in no index) and records its segments; a free block below it is filed in its index
-    /// (it is no longer the border block). Returns the new block.
+    /// (in no index) and records its segments; the border block is filed in its index when
+    /// the top hole no longer follows it. Returns the new block.
     pub(crate) fn map_into_hole(
         &mut self,
         off: u64,
@@ -404,10 +404,11 @@ impl Engine {
         m.settled = false;
         m.stream = 0;
         m.pos = 0;
-        // The free block below may have been the border block: mapped memory follows it.
-        let below = m.prev;
-        if below != NIL && self.slab.blocks[below as usize].kind == Kind::Free {
-            self.refile_free(below);
+        // The border block is below the top hole no more when the mapping starts at that
+        // hole (mapped memory follows the block) or inside it (an unmapped hole does, which
+        // no longer reaches the end of the range).
+        if self.border != NIL && !self.below_the_top_hole(&self.slab.blocks[self.border as usize]) {
+            self.refile_free(self.border);
         }
         let g = self.cfg.granularity;
         for &(o, l, token) in segments {
