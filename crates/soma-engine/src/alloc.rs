@@ -282,7 +282,14 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
     ) -> Option<Allocation> {
-        let (idx, reuse) = self.find_border(size, align, stream, order)?;
+        let (idx, reuse) = match self.find_border(size, align, stream, order)? {
+            (idx, Some(ReuseKind::Opportunistic | ReuseKind::HostSynchronized))
+                if self.slab.blocks[idx as usize].tagged =>
+            {
+                self.settle_for_border(size, align, stream, order)?
+            }
+            found => found,
+        };
         let grant = Grant { reuse, dependency: None };
         let b = &self.slab.blocks[idx as usize];
         let (offset, b_size, tagged) = (b.offset, b.size, b.tagged);
@@ -298,6 +305,22 @@ impl Engine {
             self.border_bytes.1 -= size;
         }
         Some(self.make_live(idx, offset, size, align, grant))
+    }
+
+    /// Another stream's border block is eligible for `stream` because its free completed:
+    /// settles what completed ([`Engine::settle_completed`]) and finds the border block again
+    /// (larger, or merged with `stream`'s free block below it).
+    #[cold]
+    #[inline(never)]
+    fn settle_for_border(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<(u32, Option<ReuseKind>)> {
+        self.settle_completed(stream, order);
+        self.find_border(size, align, stream, order)
     }
 
     /// Carves free block `idx` at its first aligned offset the general way, which also

@@ -54,9 +54,11 @@ pub(super) struct Block {
     /// `settled`.
     pub tagged: bool,
     /// Untagged free blocks only: memory that was used and whose free the host has observed
-    /// since ([`Engine::settle`](crate::Engine::settle)). Every stream may use it as memory
-    /// never used; `stream` keeps the stream that freed it, or [`SETTLED_BY_SEVERAL`] (a
-    /// reuse by that stream counts as same-stream, any other as host-synchronized).
+    /// since ([`Engine::settle`](crate::Engine::settle)), or the device completed under the
+    /// opportunistic rule (`pos` [`SETTLED_ON_COMPLETION`], else 0). Every stream may use it
+    /// as memory never used; `stream` keeps the stream that freed it, or
+    /// [`SETTLED_BY_SEVERAL`] (a reuse by that stream counts as same-stream, any other as
+    /// opportunistic or host-synchronized).
     pub settled: bool,
     /// Live blocks only: log2 of the alignment the block was allocated with.
     pub align_log2: u8,
@@ -75,6 +77,11 @@ pub(super) const BORDER: u16 = u16::MAX;
 
 /// `Block::stream` of a settled block merged from the frees of more than one stream.
 pub(super) const SETTLED_BY_SEVERAL: u32 = u32::MAX;
+
+/// `Block::pos` of a settled block that holds memory settled because the device had
+/// completed its free, not because the host observed it (`Engine::settle_completed`): its
+/// reuse by another stream counts as opportunistic.
+pub(super) const SETTLED_ON_COMPLETION: u64 = 1;
 
 impl Block {
     /// One past the last byte.

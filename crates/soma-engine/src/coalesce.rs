@@ -4,7 +4,7 @@
 
 use smallvec::SmallVec;
 
-use crate::block::{Block, Kind, BORDER, NIL, SETTLED_BY_SEVERAL};
+use crate::block::{Block, Kind, BORDER, NIL, SETTLED_BY_SEVERAL, SETTLED_ON_COMPLETION};
 use crate::tlsf::{self, FreeIndex};
 use crate::{Engine, StreamOrder, StreamSlot};
 
@@ -204,6 +204,7 @@ impl Engine {
         } else if !b.tagged && o.settled {
             b.stream = settled_stream(b, &o);
             b.settled = true;
+            b.pos = b.pos.max(o.pos);
         }
     }
 
@@ -341,6 +342,7 @@ impl Engine {
         } else if o.settled {
             kb.stream = settled_stream(kb, &o);
             kb.settled = true;
+            kb.pos = kb.pos.max(o.pos);
         }
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         if indexed != keep {
@@ -375,6 +377,7 @@ impl Engine {
         } else if o.settled {
             kb.stream = settled_stream(kb, &o);
             kb.settled = true;
+            kb.pos = kb.pos.max(o.pos);
         }
         kb.cls = BORDER;
         kb.prev_free = NIL;
@@ -404,12 +407,47 @@ impl Engine {
     /// O(free blocks of the streams whose bound moved): each free is settled at most once,
     /// blocks freed after the observation are looked at again at the next call.
     pub fn settle(&mut self, order: &dyn StreamOrder) {
+        self.settle_below(order, None);
+    }
+
+    /// [`Engine::settle`] for the frees the device has completed as well, when `order`
+    /// allows the opportunistic rule (rule 3): every stream may take such a block under that
+    /// rule, so it need not stay apart from the free blocks of other streams either. Called
+    /// when `requester` takes another stream's border block under that rule (streams used in
+    /// turn): the frees of the stream before it merge again, and `requester`'s frees next to
+    /// them merge with them (it is the only stream freeing since), so memory several streams
+    /// freed comes back together without a host synchronisation. A reuse of memory settled
+    /// this way counts as opportunistic (see [`SETTLED_ON_COMPLETION`]), and every stream may
+    /// use it from then on, as memory the host observed.
+    ///
+    /// # Time Complexity
+    ///
+    /// As [`Engine::settle`].
+    pub(crate) fn settle_completed(&mut self, requester: StreamSlot, order: &dyn StreamOrder) {
+        self.settle_below(order, Some(requester));
+    }
+
+    /// [`Engine::settle`] (`requester` `None`: below the host-observed bounds) or
+    /// [`Engine::settle_completed`] (below the completed bounds too, except `requester`'s
+    /// frees, whose eligibility `order` does not give).
+    fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) {
+        // Below `bound`, a block freed at or above `observed` settles on completion.
+        let bounds = |stream: StreamSlot| {
+            let e = order.eligibility(stream);
+            match requester {
+                None => (e.host_observed, e.host_observed),
+                Some(_) => (e.host_observed.max(e.completed), e.host_observed),
+            }
+        };
         self.solo_freer = NO_FREER;
         let mut due: SmallVec<[u32; 16]> = SmallVec::new();
         for slot in 1..self.indexes.len() {
             let Some(ix) = self.indexes[slot].as_deref() else { continue };
             let stream = (slot - 1) as StreamSlot;
-            let bound = order.eligibility(stream).host_observed;
+            if requester == Some(stream) {
+                continue;
+            }
+            let (bound, observed) = bounds(stream);
             let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
             if ix.is_empty() || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
                 continue;
@@ -431,7 +469,7 @@ impl Engine {
                 // An earlier block of the list may have merged this one into itself.
                 let b = &self.slab.blocks[idx as usize];
                 if b.kind == Kind::Free && b.tagged && b.stream == stream && b.pos < bound {
-                    self.settle_block(idx);
+                    self.settle_block(idx, b.pos >= observed);
                 }
             }
             // Merges while settling may index a block here again (one that joined a tagged
@@ -445,19 +483,23 @@ impl Engine {
         // The border block, in no index.
         if let Some(idx) = self.border_block() {
             let b = &self.slab.blocks[idx as usize];
-            if b.tagged && b.pos < order.eligibility(b.stream).host_observed {
-                self.settle_block(idx);
+            if b.tagged && requester != Some(b.stream) {
+                let (bound, observed) = bounds(b.stream);
+                if b.pos < bound {
+                    self.settle_block(idx, b.pos >= observed);
+                }
             }
         }
     }
 
-    /// Untags tagged free block `idx`, settled, and merges it with its neighbours.
-    fn settle_block(&mut self, idx: u32) {
+    /// Untags tagged free block `idx`, settled (`on_completion`: its free was not observed
+    /// by the host, only completed), and merges it with its neighbours.
+    fn settle_block(&mut self, idx: u32, on_completion: bool) {
         self.remove_free(idx);
         let b = &mut self.slab.blocks[idx as usize];
         b.tagged = false;
         b.settled = true;
-        b.pos = 0;
+        b.pos = if on_completion { SETTLED_ON_COMPLETION } else { 0 };
         self.insert_free_coalesce(idx);
     }
 }

@@ -188,7 +188,11 @@
 //! four streams, 8 runs with a synchronisation between them, 4.43 of peak used instead of
 //! 2.06). Runs of a trace on four streams in turn with a synchronisation between them then
 //! place within 0.5 % of runs on one stream (`tests/traces.rs`,
-//! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
+//! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`). Without a
+//! synchronisation, a request that takes another stream's border block under rule 3 settles
+//! what the device has completed (`Engine::settle_completed`: those frees are eligible for
+//! every stream under that rule anyway), and the requester's frees then merge with it: runs
+//! on streams in turn place as on one stream (`tests/border.rs`).
 //!
 //! **Packing.** Recycling leaves unmapped holes between mapped segments. When a recycling
 //! engine has emptied (nothing live) and segments were unmapped since it last packed, its next

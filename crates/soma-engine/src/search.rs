@@ -4,7 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::alloc::{OomInfo, PendingFrees};
-use crate::block::{Block, NIL};
+use crate::block::{Block, NIL, SETTLED_ON_COMPLETION};
 use crate::coalesce::index_slot;
 use crate::config::align_up;
 use crate::order::{bound_of, kind_for};
@@ -29,6 +29,8 @@ pub const CROSS_STREAM_BUDGET: usize = 32;
 pub(crate) fn untagged_kind(b: &Block, stream: StreamSlot) -> Option<ReuseKind> {
     b.settled.then_some(if b.stream == stream {
         ReuseKind::SameStream
+    } else if b.pos == SETTLED_ON_COMPLETION {
+        ReuseKind::Opportunistic
     } else {
         ReuseKind::HostSynchronized
     })

@@ -126,6 +126,11 @@ struct Model {
     /// Per stream: the host-observed bound at the last settle (frees below it may have been
     /// settled).
     settled_below: [u64; STREAMS],
+    /// Per stream: the highest bound `Engine::settle_completed` may have settled below (the
+    /// host-observed bound, or the completed one under the opportunistic rule) at a reuse by
+    /// another stream under rule 3 or as host-synchronized, where the engine settles when
+    /// the block is another stream's border block.
+    completion_settled_below: [u64; STREAMS],
 }
 
 impl Model {
@@ -150,6 +155,7 @@ impl Model {
             live: Vec::new(),
             freed: Vec::new(),
             settled_below: [0; STREAMS],
+            completion_settled_below: [0; STREAMS],
         }
     }
 
@@ -230,11 +236,13 @@ impl Model {
             Some(kind) => {
                 // (A reuse may cover never-used memory too: untagged memory that merged
                 // into a tagged block takes the tag — conservative, never wrong. So may a
-                // free that was settled, host-observed at a settle: it merges into the
-                // tagged blocks beside it, and any stream may use it.)
+                // free that was settled, host-observed at a settle or completed at an
+                // opportunistic reuse: it merges into the tagged blocks beside it, and any
+                // stream may use it.)
                 for f in &prior {
                     let s = f.tag.stream as usize;
-                    let settled = f.tag.pos < self.settled_below[s];
+                    let settled = f.tag.pos < self.settled_below[s]
+                        || f.tag.pos < self.completion_settled_below[s];
                     let ok = settled
                         || match kind {
                             ReuseKind::SameStream => s == t,
@@ -249,6 +257,15 @@ impl Model {
                             }
                         };
                     assert!(ok, "{a:?} on stream {t}: {kind:?} does not justify {f:?}");
+                }
+            }
+        }
+        if matches!(a.reuse, Some(ReuseKind::Opportunistic | ReuseKind::HostSynchronized)) {
+            // The engine may have settled what completed on the other streams.
+            for (s, bound) in self.completion_settled_below.iter_mut().enumerate() {
+                if s != t {
+                    let completed = if c.opportunistic { c.complete_bound(s) } else { 0 };
+                    *bound = (*bound).max(completed.max(c.host_bound(s)));
                 }
             }
         }
