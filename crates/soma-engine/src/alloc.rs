@@ -193,7 +193,7 @@ impl Engine {
         backing: &mut dyn Backing<Error = E>,
     ) -> Result<Allocation, AllocError<E>> {
         if self.dependency_first && order.internal_dependencies() {
-            if let Some(a) = self.take_internal_dependency(size, align, stream) {
+            if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
                 return Ok(a);
             }
         }
@@ -211,7 +211,7 @@ impl Engine {
                         Err(_) => break,
                     }
                     if self.dependency_first && order.internal_dependencies() {
-                        if let Some(a) = self.take_internal_dependency(size, align, stream) {
+                        if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
                             return Ok(a);
                         }
                     }
@@ -224,7 +224,7 @@ impl Engine {
             }
         }
         if order.internal_dependencies() {
-            if let Some(a) = self.take_internal_dependency(size, align, stream) {
+            if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
                 return Ok(a);
             }
         }
@@ -262,7 +262,7 @@ impl Engine {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }
         if with_dependency && order.internal_dependencies() {
-            return Ok(self.take_internal_dependency(size, align, stream));
+            return Ok(self.take_internal_dependency(size, align, stream, order));
         }
         Ok(None)
     }
@@ -274,8 +274,9 @@ impl Engine {
         size: u64,
         align: u64,
         stream: StreamSlot,
+        order: &dyn StreamOrder,
     ) -> Option<Allocation> {
-        let (idx, tag) = self.find_internal_dependency(size, align, stream)?;
+        let (idx, tag) = self.find_internal_dependency(size, align, stream, order)?;
         Some(self.commit_cached(idx, size, align, Some(ReuseKind::InternalDependency), Some(tag)))
     }
 
@@ -283,6 +284,9 @@ impl Engine {
     /// differ from the allocating one). The block coalesces with free neighbours of the same
     /// stream (keeping the larger `pos`), with never-used ones, and with settled ones freed by
     /// its stream or while its stream is the only one freeing since the last settle.
+    ///
+    /// `tag.stream` must not be a private slot ([`Engine::set_private_slots`]): frees there
+    /// go through [`Engine::free_private`].
     ///
     /// # Errors
     ///
@@ -294,6 +298,32 @@ impl Engine {
     /// O(1).
     #[inline]
     pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
+        debug_assert!(tag.stream < self.private_from, "a free onto private slot {}", tag.stream);
+        self.free_in::<false>(block, tag)
+    }
+
+    /// [`Engine::free`] onto a private slot ([`Engine::set_private_slots`]): the block
+    /// coalesces only with free blocks of the same slot.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::free`].
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    pub fn free_private(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
+        self.free_in::<true>(block, tag)
+    }
+
+    /// [`Engine::free`], coalescing by the rule of private slots when `PRIVATE` (see
+    /// [`Engine::coalescable`]).
+    #[inline(always)]
+    fn free_in<const PRIVATE: bool>(
+        &mut self,
+        block: BlockId,
+        tag: FreeTag,
+    ) -> Result<(), FreeError> {
         let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
         let b = &mut self.slab.blocks[idx as usize];
         if b.kind != Kind::Live {
@@ -314,7 +344,7 @@ impl Engine {
         self.stats.used -= size;
         self.stats.live_blocks -= 1;
         self.stats.frees += 1;
-        self.coalesce_and_index(idx);
+        self.coalesce_and_index::<PRIVATE>(idx);
         Ok(())
     }
 

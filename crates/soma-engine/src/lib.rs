@@ -19,7 +19,8 @@
 //!   or when one was never used (the result takes the other's tag); a settled block joins
 //!   another stream's tagged block only while that stream is the only one freeing since the
 //!   last settle. Tagged blocks of different streams never merge, nothing merges across
-//!   unmapped space.
+//!   unmapped space; the blocks of a *private* slot ([`Engine::set_private_slots`]) merge
+//!   only with blocks of the same slot.
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
 //!   stream slot that has freed memory, created lazily on that stream's first free, plus one
 //!   for untagged memory. O(1) insert / remove / class search.
@@ -300,6 +301,8 @@ pub struct Engine {
     /// The only stream that freed since the last [`Engine::settle`], `NO_FREER` or
     /// `SEVERAL_FREERS` (see `Engine::coalescable`).
     solo_freer: StreamSlot,
+    /// The first private stream slot (see [`Engine::set_private_slots`]).
+    private_from: StreamSlot,
 }
 
 impl std::fmt::Debug for Engine {
@@ -358,6 +361,7 @@ impl Engine {
             dependency_first: false,
             settled_below: Vec::new(),
             solo_freer: NO_FREER,
+            private_from: StreamSlot::MAX,
         })
     }
 }

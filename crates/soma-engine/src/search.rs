@@ -229,17 +229,22 @@ impl Engine {
         best.map(|(i, _, k)| (i, Some(k)))
     }
 
-    /// Step 4: best fit among other streams' blocks regardless of eligibility.
+    /// Step 4: best fit among other streams' blocks regardless of eligibility (of the
+    /// streams [`StreamOrder::may_depend_on`] allows).
     pub(crate) fn find_internal_dependency(
         &self,
         size: u64,
         align: u64,
         stream: StreamSlot,
+        order: &dyn StreamOrder,
     ) -> Option<(u32, FreeTag)> {
         let own_slot = index_slot(true, stream);
         let mut best: Option<(u32, u64)> = None;
         for slot in 1..self.indexes.len() {
-            if slot == own_slot {
+            if slot == own_slot || self.indexes[slot].is_none() {
+                continue;
+            }
+            if !order.may_depend_on((slot - 1) as StreamSlot) {
                 continue;
             }
             if let Some(i) = self.search_other(slot, size, align, None, CROSS_STREAM_BUDGET) {
