@@ -44,8 +44,8 @@ pub use host::{HostBuffer, HostTransfer};
 pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
-    MemPool, MemPoolBuilder, OomAction, OomHook, OwnedAlloc, OwnedPool, PoolAlloc, PoolStats,
-    ReuseCounts, ReusePolicy,
+    GraphMemoryOwner, GraphMemoryStats, GraphPool, MemPool, MemPoolBuilder, OomAction, OomHook,
+    OwnedAlloc, OwnedPool, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
 pub use view::{SplitMut, View, ViewMut};

@@ -59,10 +59,10 @@ pub use soma_core::hal;
 pub use soma_core::observe;
 pub use soma_core::{
     attr, elapsed_ms, BufferOwner, Bytes, CaptureInfo, CaptureMode, CaptureStatus, Device,
-    DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, Graph, HostBuffer,
-    HostTransfer, KernelArg, MemPool, MemPoolBuilder, OomAction, OutOfMemory, OwnedAlloc,
-    OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result, ReuseCounts, ReuseKind, ReusePolicy,
-    SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
+    DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, Graph, GraphMemoryOwner,
+    GraphMemoryStats, GraphPool, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
+    OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result,
+    ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
 };
 
 /// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):

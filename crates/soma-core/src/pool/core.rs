@@ -3,12 +3,13 @@
 //! next fallible call.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use super::backing::HalBacking;
 use super::free_ring::FreeRing;
+use super::graph_region::{GraphRegions, FIRST_GRAPH_SLOT};
 use super::handle::Origin;
 use super::passthrough::Passthrough;
 use super::policy::{OomHook, Settings};
@@ -76,6 +77,9 @@ pub(crate) struct PoolCore {
     /// Set whenever a sticky error is stored (cleared when it is taken): the lock-free
     /// allocation path leaves it to the locked one to report.
     sticky_hint: AtomicBool,
+    /// Live blocks of live graph regions (written under the lock): while there are none, a
+    /// free on a stream that once captured needs no look at the regions.
+    pub(super) graph_blocks: AtomicU64,
 }
 
 /// The state of a core that its lock guards.
@@ -96,6 +100,8 @@ pub(super) struct PoolInner {
     /// [`Locked`]'s drop. Kept here, under the lock, rather than in the guard: a smaller
     /// guard is moved for less on every lock.
     budget_base: (u64, u64),
+    /// The memory kept for captured graphs (see `graph_region.rs`).
+    pub(super) graph: GraphRegions,
 }
 
 /// What a history record tells of one event; the time and the pool's counters are added
@@ -218,6 +224,8 @@ impl PoolCore {
             engine.set_segments_per_growth(spec.segments_per_growth);
         }
         engine.set_recycle_on_growth(spec.recycle_on_growth);
+        // Graph memory stays what the graphs allocated: see `graph_region.rs`.
+        engine.set_private_slots(FIRST_GRAPH_SLOT);
         // Memory of pools dropped earlier whose work has completed goes back first.
         device.deferred.release_complete(device);
         let hal = &device.hal;
@@ -246,6 +254,7 @@ impl PoolCore {
                 raw_blocks: std::collections::HashSet::new(),
                 ring_accounted: 0,
                 budget_base: (0, 0),
+                graph: GraphRegions::default(),
             }),
             created: spec.created,
             on_oom: spec.on_oom.clone(),
@@ -260,6 +269,7 @@ impl PoolCore {
             free_ring: (!spec.passthrough && spec.history == 0 && !annotate && budget.is_none())
                 .then(FreeRing::new),
             sticky_hint: AtomicBool::new(false),
+            graph_blocks: AtomicU64::new(0),
         });
         let weak: Weak<PoolCore> = Arc::downgrade(&core);
         device.register_listener(weak);
