@@ -193,7 +193,7 @@ impl Engine {
         backing: &mut dyn Backing<Error = E>,
     ) -> Result<Allocation, AllocError<E>> {
         if self.dependency_first && order.internal_dependencies() {
-            if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
+            if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
             }
         }
@@ -211,7 +211,7 @@ impl Engine {
                         Err(_) => break,
                     }
                     if self.dependency_first && order.internal_dependencies() {
-                        if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
+                        if let Some(a) = self.take_internal_dependency(size, align, stream) {
                             return Ok(a);
                         }
                     }
@@ -224,7 +224,7 @@ impl Engine {
             }
         }
         if order.internal_dependencies() {
-            if let Some(a) = self.take_internal_dependency(size, align, stream, order) {
+            if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
             }
         }
@@ -262,7 +262,7 @@ impl Engine {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }
         if with_dependency && order.internal_dependencies() {
-            return Ok(self.take_internal_dependency(size, align, stream, order));
+            return Ok(self.take_internal_dependency(size, align, stream));
         }
         Ok(None)
     }
@@ -274,9 +274,8 @@ impl Engine {
         size: u64,
         align: u64,
         stream: StreamSlot,
-        order: &dyn StreamOrder,
     ) -> Option<Allocation> {
-        let (idx, tag) = self.find_internal_dependency(size, align, stream, order)?;
+        let (idx, tag) = self.find_internal_dependency(size, align, stream)?;
         Some(self.commit_cached(idx, size, align, Some(ReuseKind::InternalDependency), Some(tag)))
     }
 

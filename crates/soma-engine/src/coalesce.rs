@@ -92,6 +92,9 @@ impl Engine {
         if slot >= self.indexes.len() {
             self.indexes.resize_with(slot + 1, || None);
         }
+        if slot <= self.private_from as usize {
+            self.stream_span = self.stream_span.max(slot + 1);
+        }
         self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
     }
 
@@ -129,16 +132,20 @@ impl Engine {
             && tags_merge::<PRIVATE>(a, b, self.solo_freer, self.private_from)
     }
 
-    /// Makes the stream slots from `from` up *private*: their free blocks merge with free
-    /// blocks of the same slot only, never with untagged (never used or settled) memory
-    /// beside them, so that what is cached on such a slot is exactly what was freed there.
-    /// soma's pools keep the memory of captured graphs on such slots (slots past the
+    /// Makes the stream slots from `from` up *private*: what is freed on such a slot serves
+    /// requests of that slot only — no other stream's under any rule (rule 4 included), and
+    /// it is never pending for another stream ([`Engine::pending_frees`]) — and merges with
+    /// free blocks of the same slot only, never with untagged (never used or settled)
+    /// memory beside it, so that what is cached on such a slot is exactly what was freed
+    /// there. soma's pools keep the memory of captured graphs on such slots (slots past the
     /// device's streams), which no other stream may use while the graph lives: merged with
     /// untagged memory, they would take that memory from every stream until then. Settling
-    /// a private slot's frees (its bound passed them) untags them as any other. None by
-    /// default.
+    /// a private slot's frees (its bound passed them) untags them as any other, and makes
+    /// them any stream's. None by default.
     pub fn set_private_slots(&mut self, from: StreamSlot) {
         self.private_from = from;
+        let below = (1..self.indexes.len()).filter(|&s| s <= from as usize);
+        self.stream_span = below.filter(|&s| self.indexes[s].is_some()).max().unwrap_or(0) + 1;
     }
 
     /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;

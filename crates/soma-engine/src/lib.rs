@@ -257,6 +257,10 @@ pub struct Engine {
     first: u32,
     /// Free indices: `[0]` untagged, `[s + 1]` stream slot `s`; created lazily.
     indexes: Vec<Option<Box<FreeIndex>>>,
+    /// One past the last entry of `indexes` that belongs to a stream slot below the private
+    /// ones: what the searches over other streams scan (private slots, numbered past every
+    /// stream, would otherwise make them scan the empty entries of the streams between).
+    stream_span: usize,
     /// Unmapped blocks by offset.
     holes: BTreeMap<u64, u32>,
     /// Mapped segments by offset.
@@ -342,6 +346,7 @@ impl Engine {
             slab,
             first,
             indexes,
+            stream_span: 1,
             holes,
             segments: BTreeMap::new(),
             bounds: bounds::Boundaries::default(),

@@ -76,12 +76,6 @@ pub trait StreamOrder {
     /// Rule 4: may the engine take any other stream's block, returning the dependency for the
     /// caller to insert?
     fn internal_dependencies(&self) -> bool;
-    /// Rule 4 for blocks cached on stream `s`: may the engine take one with a dependency on
-    /// `s`? Every stream by default; a caller whose slots do not all name streams (a pool's
-    /// memory reserved for captured graphs) excludes the others.
-    fn may_depend_on(&self, _s: StreamSlot) -> bool {
-        true
-    }
     /// Whether the free `tag` has completed on the device (used before unmapping: memory that
     /// in-flight work may still touch is never unmapped).
     fn is_complete(&self, tag: FreeTag) -> bool;

@@ -10,9 +10,9 @@
 //! * **Graph slots.** The engine sees a region's frees as frees of *graph slots*: stream slots
 //!   from [`MAX_STREAMS`] up, which name no stream, one per (region, capturing stream),
 //!   handed out densely from a free list and recycled when the region goes. The engine keeps
-//!   them private ([`Engine::set_private_slots`]): their free blocks merge only among
-//!   themselves. While the region lives no rule makes them eligible for any other slot, and
-//!   none of them is complete, so recycling, releases and `trim_to` never unmap them.
+//!   them private ([`Engine::set_private_slots`]): their free blocks serve their own slot
+//!   only, under any rule, and merge only among themselves. None of them is complete while
+//!   the region lives, so recycling, releases and `trim_to` never unmap them.
 //! * **Captured allocations** are served at capture time from the capturing stream's graph
 //!   slot (the same-stream rule: its frees inside the capture are earlier in that stream's
 //!   captured order, so at every launch), from memory nobody can be using any more (never

@@ -8,7 +8,6 @@ use smallvec::SmallVec;
 use super::allocate::{Granted, Request};
 use super::backing::AllocError;
 use super::core::{HistoryEntry, PoolCore};
-use super::graph_region::is_stream_slot;
 use super::order::{settle, Order};
 use super::policy::{OomAction, OomHook};
 use crate::engine::{Allocation, PendingFrees};
@@ -78,8 +77,6 @@ impl PoolCore {
                     let more = peer.lock().engine.pending_frees(req.stream.slot(), order);
                     info.pending.extend(more);
                 }
-                // Graph memory is pending on no stream: no wait makes it reusable.
-                info.pending.retain(|p| is_stream_slot(p.stream));
                 // With nothing pending but enough free bytes in the pool, the frees are
                 // eligible but may be cut into per-stream blocks that only settling merges (a
                 // reuse switch on must not fail what the same program with it off serves):
@@ -130,7 +127,7 @@ impl PoolCore {
         }
         // Wait for the streams holding pending frees, then retry once: their blocks become
         // host-observed and reusable here.
-        for pending in pending.iter().filter(|p| is_stream_slot(p.stream)) {
+        for pending in pending {
             if let Some(live) = device.live_stream(pending.stream) {
                 let enqueued = live.enqueued();
                 let _ = live.hal.synchronize();
@@ -203,10 +200,8 @@ impl PoolCore {
                 let mem = self.hal().mem_info().ok();
                 let source =
                     if first_pending.is_empty() { &info.pending[..] } else { first_pending };
-                // Graph memory is pending on no stream: no wait makes it reusable.
                 let mut pending: Vec<PendingFree> = source
                     .iter()
-                    .filter(|p| is_stream_slot(p.stream))
                     .map(|p| PendingFree {
                         stream: self.device.live_stream(p.stream).map_or(0, |l| l.hal.id()),
                         bytes: p.bytes,

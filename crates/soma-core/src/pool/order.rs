@@ -61,10 +61,6 @@ impl StreamOrder for Order<'_> {
         self.requester.is_some() && self.reuse & INTERNAL_DEPENDENCIES != 0
     }
 
-    fn may_depend_on(&self, s: StreamSlot) -> bool {
-        is_stream_slot(s)
-    }
-
     fn is_complete(&self, tag: FreeTag) -> bool {
         is_stream_slot(tag.stream) && self.device.slots.is_complete(tag.stream, tag.pos)
     }
@@ -127,10 +123,10 @@ impl PoolCore {
     /// not synchronisations (a successful query): the count follows the observations
     /// themselves, whatever was settled.
     pub(super) fn unobserved_bytes(&self, engine: &Engine) -> u64 {
-        // A slot no stream holds: every stream's frees count (graph memory is not pending
-        // on a stream: it is counted apart).
+        // A slot no stream holds: every stream's frees count (graph memory, on private slots,
+        // is not pending on a stream: it is counted apart).
         let frees = engine.pending_frees(StreamSlot::MAX, &Order::completion(&self.device));
-        frees.iter().filter(|p| is_stream_slot(p.stream)).map(|p| p.bytes).sum()
+        frees.iter().map(|p| p.bytes).sum()
     }
 
     /// The pool locked with every host-observed free settled (the deferred frees of a

@@ -1,5 +1,5 @@
-//! Private slots: their frees merge only among themselves, settle like any other once their
-//! bound passes them, and rule 4 takes no block of a slot the order excludes.
+//! Private slots: their frees merge only among themselves and serve no other slot, under
+//! any rule, until they settle like any other once their bound passes them.
 
 use super::*;
 use crate::*;
@@ -67,33 +67,31 @@ fn an_ordinary_free_does_not_merge_with_private_memory() {
 }
 
 #[test]
-fn rule_4_takes_no_block_of_a_slot_the_order_excludes() {
-    /// [`TestOrder`] with internal dependencies, excluding the private slots from them.
-    struct Excluding(TestOrder);
-    impl StreamOrder for Excluding {
-        fn eligibility(&self, s: StreamSlot) -> Eligibility {
-            self.0.eligibility(s)
-        }
-        fn internal_dependencies(&self) -> bool {
-            true
-        }
-        fn may_depend_on(&self, s: StreamSlot) -> bool {
-            s < PRIVATE
-        }
-        fn is_complete(&self, tag: FreeTag) -> bool {
-            self.0.is_complete(tag)
-        }
-    }
+fn a_private_slots_blocks_serve_no_other_slot_until_settled() {
     let mut e = engine(G);
     e.set_private_slots(PRIVATE);
     let mut b = backing();
-    let o = Excluding(TestOrder::default());
+    // Every rule would allow it, rule 4 included: a private slot's block is still its own.
+    let o = TestOrder {
+        host_observed: [(PRIVATE, u64::MAX)].into_iter().collect(),
+        internal: true,
+        ..TestOrder::default()
+    };
     let x = e.alloc(G / 2, 512, PRIVATE, &o, &mut b).unwrap();
     let y = e.alloc(G / 2, 512, 1, &o, &mut b).unwrap();
     e.free_private(x.block, tag(PRIVATE, 1)).unwrap();
-    // The range is full: only a dependency could serve stream 0, and not on the private slot.
+    assert!(e.pending_frees(0, &o).is_empty(), "no wait makes it reusable");
+    // The range is full: only a dependency on stream 1 could serve stream 0.
     assert!(matches!(e.alloc(G / 2, 512, 0, &o, &mut b), Err(AllocError::OutOfMemory(_))));
     e.free(y.block, tag(1, 1)).unwrap();
     let z = e.alloc(G / 2, 512, 0, &o, &mut b).unwrap();
     assert_eq!((z.offset, z.dependency), (G / 2, Some(tag(1, 1))));
+    // The private slot's own requests take it back; once settled, anyone may.
+    let again = e.alloc(G / 2, 512, PRIVATE, &o, &mut b).unwrap();
+    assert_eq!((again.offset, again.reuse), (0, Some(ReuseKind::SameStream)));
+    e.free_private(again.block, tag(PRIVATE, 2)).unwrap();
+    e.settle(&o);
+    let w = e.alloc(G / 2, 512, 0, &o, &mut b).unwrap();
+    assert_eq!((w.offset, w.reuse), (0, Some(ReuseKind::HostSynchronized)));
+    e.check_invariants().unwrap();
 }
