@@ -65,6 +65,10 @@ mod generate {
         "aclrtMapMem",
         "aclrtUnmapMem",
         "aclrtMemGetAllocationGranularity",
+        "aclrtMemExportToShareableHandle",
+        "aclrtMemSetPidToShareableHandle",
+        "aclrtMemImportFromShareableHandle",
+        "aclrtDeviceGetBareTgid",
         "aclmdlRICaptureBegin",
         "aclmdlRICaptureGetInfo",
         "aclmdlRICaptureEnd",
@@ -130,6 +134,8 @@ mod generate {
         "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT",
         "ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED",
         "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
+        "ACL_RT_VMM_EXPORT_FLAG_DEFAULT",
+        "ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION",
     ];
 
     pub fn run() {

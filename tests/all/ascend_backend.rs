@@ -606,3 +606,39 @@ fn peer_access_runs_on_the_ascend_backend() {
     assert!(matches!(raw, Err(DriverError::InvalidAddress { .. })), "{raw:?}");
     assert_eq!(s1.hal().enqueued(), before, "a refused copy enqueues nothing");
 }
+
+/// A shareable pool on the ascend backend: its segments are exported through
+/// `aclrtMemExportToShareableHandle` when an importer asks, the process id is
+/// `aclrtDeviceGetBareTgid`'s, and the calls refuse what CANN refuses.
+#[test]
+fn shareable_pools_run_on_the_ascend_backend() {
+    use soma::hal::{DriverError, ShareableHandle};
+    use soma::{HandleType, IpcErrorKind};
+    let _serial = serial();
+    let dev = device();
+    assert_eq!(dev.process_id().unwrap(), std::process::id() as i32);
+    let s = dev.create_stream().unwrap();
+    let pool =
+        MemPool::builder().handle_type(HandleType::Posix).max_size(64 << 20).build(&dev).unwrap();
+    let desc = pool.export().unwrap();
+    pool.allow_process(1).unwrap();
+    let a = pool.alloc_async::<u8>(4096, &s).unwrap();
+    let p = a.export_pointer().unwrap();
+    assert_eq!((p.pool_id(), p.byte_len()), (desc.pool_id(), 4096));
+    // SAFETY: refused: nothing is imported.
+    let own = unsafe { MemPool::import(&desc, &dev) }.unwrap_err();
+    assert!(matches!(own, Error::Ipc { kind: IpcErrorKind::SameProcess, .. }));
+    let hal = dev.hal();
+    let h = hal.alloc_physical(2 << 20).unwrap();
+    let shareable = hal.export_physical(h, true).unwrap();
+    assert!(hal.export_physical(h, true).is_err(), "one shareable handle per handle");
+    hal.allow_shareable_pids(shareable, &[1]).unwrap();
+    // SAFETY: refused: nothing is imported.
+    let unsized_import = unsafe { hal.import_physical(ShareableHandle(shareable.0), 0) };
+    assert!(matches!(unsized_import, Err(DriverError::InvalidValue(m)) if m.contains("size")));
+    // SAFETY: refused: nothing is imported.
+    let same = unsafe { hal.import_physical(shareable, 2 << 20) };
+    assert!(same.is_err(), "import and export only across processes");
+    hal.free_physical(h).unwrap();
+    drop(a);
+}

@@ -14,6 +14,7 @@ mod foreign_work;
 mod graph_capture;
 mod graph_memory;
 mod host_transfers;
+mod ipc;
 mod observe;
 mod owned;
 mod peer_access;

@@ -53,6 +53,7 @@
 
 mod device;
 mod error;
+mod ipc;
 mod memory;
 mod model;
 mod peer;
@@ -63,6 +64,7 @@ mod vmm;
 
 pub use device::*;
 pub use error::ACL_ERROR_RT_INTERNAL_ERROR;
+pub use ipc::*;
 pub use memory::*;
 pub use model::*;
 pub use peer::*;

@@ -104,7 +104,7 @@ impl DevEntry {
     }
 
     /// The software NPU device behind this entry.
-    fn sim(&self) -> AclResult<&SimDevice> {
+    pub(crate) fn sim(&self) -> AclResult<&SimDevice> {
         self.hal().as_any().downcast_ref::<SimDevice>().ok_or_else(|| {
             AclErr::new(
                 crate::error::ACL_ERROR_RT_INTERNAL_ERROR,

@@ -203,6 +203,15 @@ impl Device {
         Ok(self.shared.hal.mem_info()?)
     }
 
+    /// This process's id, as the exporting process of a shared pool names it in
+    /// [`MemPool::allow_process`](crate::MemPool::allow_process) (`aclrtDeviceGetBareTgid`).
+    ///
+    /// # Errors
+    /// Backend failures.
+    pub fn process_id(&self) -> Result<i32> {
+        Ok(self.shared.hal.process_id()?)
+    }
+
     /// The backend device, for what the typed API does not cover.
     pub fn hal(&self) -> &Arc<dyn DeviceHal> {
         &self.shared.hal

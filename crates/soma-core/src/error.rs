@@ -38,9 +38,47 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// Sharing a pool with another process was refused (see [`IpcErrorKind`] and
+    /// `docs/semantics.md`, *IPC*).
+    #[error("IPC ({kind:?}): {message}")]
+    Ipc {
+        /// Which rule or failure.
+        kind: IpcErrorKind,
+        /// What happened, naming the pool, process or allocation.
+        message: String,
+    },
     /// The device (or the backend) reported an error.
     #[error(transparent)]
     Driver(#[from] DriverError),
+}
+
+/// Why a cross-process call of a pool failed ([`Error::Ipc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IpcErrorKind {
+    /// The pool was not built with `handle_type(HandleType::Posix)` (or cannot be: a
+    /// native, sharded or pass-through pool), or the allocation cannot be exported.
+    NotExportable,
+    /// The importing process is not on the pool's whitelist (`MemPool::allow_process`).
+    NotAllowed,
+    /// The pool was dropped, or the allocation freed, by the exporting process.
+    Destroyed,
+    /// Import and export only work across processes.
+    SameProcess,
+    /// The pool is already imported in this process (one import per pool and process).
+    AlreadyImported,
+    /// The exporting process does not answer (it exited, or never exported).
+    Unreachable,
+    /// A descriptor or pointer that does not parse, or does not belong to the pool or
+    /// device it is used with.
+    InvalidDescriptor,
+}
+
+impl Error {
+    /// An [`Error::Ipc`].
+    pub(crate) fn ipc(kind: IpcErrorKind, message: impl Into<String>) -> Error {
+        Error::Ipc { kind, message: message.into() }
+    }
 }
 
 /// The numbers behind an out-of-memory error, so that its message explains itself.

@@ -108,6 +108,12 @@ impl fmt::Display for DevicePtr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PhysicalHandle(pub u64);
 
+/// A physical allocation exported for other processes (`aclrtMemExportToShareableHandle`'s
+/// `shareableHandle`): a number that names the allocation to every process of the machine,
+/// to be passed to them by any means (a pipe, a socket, a command line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShareableHandle(pub u64);
+
 /// Static facts about a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -432,6 +438,86 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// mapped there; the physical memory keeps its contents until it is freed. Fails, leaving
     /// the mapping in place, if a task in flight uses the range.
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle>;
+
+    /// Exports physical memory `handle` of this process so that other processes can import it
+    /// (`aclrtMemExportToShareableHandle`). With `check_pids` (CANN's default flag) only the
+    /// processes named with [`allow_shareable_pids`](Self::allow_shareable_pids) may import
+    /// it; without, any process may. One shareable handle per handle: exporting a handle
+    /// twice, or an imported one, is an error. Freeing the handle withdraws the export:
+    /// later imports fail, earlier ones keep the memory until they are freed.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a handle that is not this device's;
+    /// [`DriverError::InvalidValue`] for a handle already exported or imported;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        let _ = (handle, check_pids);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// Adds processes to the whitelist of a handle this process exported
+    /// (`aclrtMemSetPidToShareableHandle`); process ids are what
+    /// [`process_id`](Self::process_id) answers in the importing process.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a shareable handle this process did not export (or
+    /// whose memory was freed); [`DriverError::InvalidValue`] for an empty list;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        let _ = (shareable, pids);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// Imports memory another process exported (`aclrtMemImportFromShareableHandle`) as a
+    /// physical handle of this device, to be mapped and freed as any other. Import and export
+    /// only work across processes, and a process holds at most one handle per shareable
+    /// handle at a time. `size` is the exported allocation's size as the exporter tells it (a
+    /// backend that can check it does); 0 asks the backend to find it out, which not every
+    /// backend can (the software NPU can, CANN's runtime cannot).
+    ///
+    /// # Safety
+    /// The memory is shared with the exporting process (and any other importer), which
+    /// accesses it without this process knowing: the caller makes every access of a process
+    /// to the shared bytes ordered with every write of another process to them (as on a
+    /// device, where nothing orders work across processes either). A task of this process
+    /// reading bytes while another process writes them is a data race.
+    ///
+    /// # Errors
+    /// [`DriverError::InvalidHandle`] for a handle no live process exports (never exported,
+    /// freed, or its process exited); [`DriverError::InvalidValue`] for this process's own
+    /// export, a process not on the whitelist, a handle this process already imported, a
+    /// size other than the exported one, or one that is not a multiple of this device's
+    /// granularity;
+    /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        let _ = (shareable, size);
+        Err(DriverError::Unsupported(
+            "this backend cannot share memory with other processes".into(),
+        ))
+    }
+
+    /// The id of this process for whitelists ([`allow_shareable_pids`](Self::allow_shareable_pids);
+    /// `aclrtDeviceGetBareTgid`, which answers the host's id inside a container). The default
+    /// is the id the OS gives the process.
+    ///
+    /// # Errors
+    /// Backend failures.
+    fn process_id(&self) -> DriverResult<i32> {
+        i32::try_from(std::process::id())
+            .map_err(|_| DriverError::InvalidValue("process id out of range".into()))
+    }
 
     /// Allocates `size` bytes of device memory outside any pool (`aclrtMalloc`).
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr>;

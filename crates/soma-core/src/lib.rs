@@ -36,7 +36,7 @@ pub use buffer::{BufferOwner, DeviceBuffer, DeviceBufferMut, DriverAlloc};
 pub use clock::VectorClock;
 pub use completion::{EventWait, StreamSync};
 pub use device::{Device, MAX_STREAMS};
-pub use error::{Bytes, Error, OutOfMemory, Result};
+pub use error::{Bytes, Error, IpcErrorKind, OutOfMemory, Result};
 pub use event::{elapsed_ms, Event};
 pub use graph::Graph;
 pub use hal::{CaptureInfo, CaptureMode, CaptureStatus};
@@ -44,8 +44,9 @@ pub use host::{HostBuffer, HostTransfer};
 pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
-    GraphMemoryOwner, GraphMemoryStats, GraphPool, MemPool, MemPoolBuilder, OomAction, OomHook,
-    OwnedAlloc, OwnedPool, PoolAlloc, PoolStats, ReuseCounts, ReusePolicy,
+    ExportedPointer, GraphMemoryOwner, GraphMemoryStats, GraphPool, HandleType, ImportedAlloc,
+    ImportedPool, MemPool, MemPoolBuilder, OomAction, OomHook, OwnedAlloc, OwnedPool, PoolAlloc,
+    PoolDescriptor, PoolStats, ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
 pub use view::{SplitMut, View, ViewMut};

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use soma_core::hal::{
     AccessMode, CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal,
-    MemInfo, MemRef, PhysicalHandle, PoolAnnotation, StreamHal,
+    MemInfo, MemRef, PhysicalHandle, PoolAnnotation, ShareableHandle, StreamHal,
 };
 
 use crate::capture::Captures;
@@ -22,6 +22,9 @@ use crate::peer::{Check, Peers};
 use crate::sanitizer::{Sanitizer, SanitizerMode, SanitizerReport};
 use crate::stream::{SimStream, StreamShared};
 use crate::LatencyModel;
+use physical::Phys;
+
+mod physical;
 
 /// Driver calls counted by [`SimStats::calls`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,8 +64,12 @@ pub struct CallCounts {
 pub struct SimStats {
     /// Bytes held by physical allocations ([`DeviceHal::alloc_physical`]).
     pub physical_bytes: u64,
-    /// Bytes of physical allocations currently mapped.
+    /// Bytes of physical allocations currently mapped (imported ones included).
     pub mapped_bytes: u64,
+    /// Bytes of physical memory imported from other processes
+    /// ([`DeviceHal::import_physical`]) and not freed yet: another process's memory, not
+    /// counted against this device's capacity.
+    pub imported_bytes: u64,
     /// Bytes held by [`DeviceHal::malloc`] (granule-rounded).
     pub malloc_bytes: u64,
     /// Bytes of page-locked host memory held by [`DeviceHal::malloc_host`] (page-rounded).
@@ -101,16 +108,6 @@ enum ResKind {
     Malloc,
 }
 
-/// Physical memory from `alloc_physical`. It owns its bytes until it is freed, as on a device:
-/// unmapping keeps them in `parked`, and the next map, at any address, shows them again.
-struct Phys {
-    size: u64,
-    mapped_at: Option<u64>,
-    /// Whether device memory holds its bytes parked (unmapped after a mapping; never mapped,
-    /// it has none yet: all zero).
-    parked: bool,
-}
-
 #[derive(Default)]
 struct State {
     /// Free address space: start → length, address ordered, coalesced.
@@ -121,6 +118,8 @@ struct State {
     mappings: BTreeMap<u64, (u64, u64)>,
     physical: HashMap<u64, Phys>,
     next_handle: u64,
+    /// Bytes of physical memory imported from other processes (not this device's).
+    imported_bytes: u64,
     /// `malloc` allocations: start → length.
     mallocs: HashMap<u64, u64>,
     physical_bytes: u64,
@@ -200,16 +199,21 @@ impl DeviceCore {
 ///
 /// Get one from [`Npu::device`](crate::Npu::device). Device addresses are real host
 /// addresses inside one `mmap`ed region per device; mapped memory is real memory (resident
-/// once touched). Physical memory owns its bytes until `free_physical`, as on a device:
-/// `unmap` leaves its pages in place, inaccessible, and the next `map` shows them again, at
-/// any address (mapped elsewhere, or another mapping made over them, they are copied);
-/// `free_physical` and `free` give the memory back to the OS.
+/// once touched). Each physical allocation is a memory file of its own (`memfd`), mapped with
+/// `MAP_SHARED` where it is mapped: `unmap` keeps its bytes in the file and the next `map`
+/// shows them again, at any address; `free_physical` closes it, and `free` gives `malloc`'s
+/// memory back to the OS.
+///
+/// Physical memory can be shared with another process ([`DeviceHal::export_physical`],
+/// [`DeviceHal::import_physical`]): the importer maps the same file, so both processes see
+/// the same bytes. Streams, events, the in-flight table and the sanitizer stay per process.
 ///
 /// # Semantics worth knowing
 ///
 /// * A physical allocation keeps its contents across [`unmap`](DeviceHal::unmap) until
 ///   [`free_physical`](DeviceHal::free_physical), as on a device (CANN and CUDA alike); memory
-///   never mapped reads as zero.
+///   never mapped reads as zero. Each holds one file descriptor until it is freed (the soft
+///   limit on open files is raised to the hard one when it runs out).
 /// * A handle can be mapped at one place at a time; a mapping covers the whole handle.
 /// * Device ranges touched by tasks and synchronous copies must lie inside mapped memory (they
 ///   may span adjacent mappings); otherwise [`DriverError::InvalidAddress`].
@@ -332,6 +336,7 @@ impl SimDevice {
         SimStats {
             physical_bytes: st.physical_bytes,
             mapped_bytes: st.mapped_bytes,
+            imported_bytes: st.imported_bytes,
             malloc_bytes: st.malloc_bytes,
             host_bytes: st.host_bytes,
             live_streams: self.core.live_streams.load(Ordering::Relaxed),
@@ -461,112 +466,39 @@ impl DeviceHal for SimDevice {
     }
 
     fn alloc_physical(&self, size: u64) -> DriverResult<PhysicalHandle> {
-        self.check_vmm()?;
-        bump(&self.core.calls.alloc_physical);
-        model_delay(self.core.latency().driver_alloc);
-        // Every call counts towards a fault rule, as in `stats().calls` (and as `map` does):
-        // the rule comes before the argument checks.
-        if self.core.faults.hit(FaultKind::AllocPhysical) {
-            return Err(DriverError::Injected(format!("alloc_physical({size})")));
-        }
-        self.check_granular(size)?;
-        let mut st = self.core.state.lock();
-        if st.used().checked_add(size).is_none_or(|u| u > self.core.info.total_memory) {
-            return Err(self.oom(&st, size));
-        }
-        let h = st.next_handle;
-        st.next_handle += 1;
-        st.physical.insert(h, Phys { size, mapped_at: None, parked: false });
-        st.physical_bytes += size;
-        Ok(PhysicalHandle(h))
+        self.physical_alloc(size)
     }
 
     fn free_physical(&self, handle: PhysicalHandle) -> DriverResult<()> {
-        self.check_vmm()?;
-        bump(&self.core.calls.free_physical);
-        let mut st = self.core.state.lock();
-        match st.physical.get(&handle.0) {
-            None => Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0))),
-            Some(p) if p.mapped_at.is_some() => Err(DriverError::InvalidValue(format!(
-                "physical handle {} is still mapped",
-                handle.0
-            ))),
-            Some(p) => {
-                let (size, parked) = (p.size, p.parked);
-                st.physical_bytes -= size;
-                if parked {
-                    self.core.memory.discard_parked(handle.0);
-                }
-                st.physical.remove(&handle.0);
-                Ok(())
-            }
-        }
+        self.physical_free(handle)
     }
 
     fn map(&self, va: DevicePtr, handle: PhysicalHandle) -> DriverResult<()> {
-        self.check_vmm()?;
-        bump(&self.core.calls.map);
-        model_delay(self.core.latency().map);
-        if self.core.faults.hit(FaultKind::Map) {
-            return Err(DriverError::Injected(format!("map({va}, {})", handle.0)));
-        }
-        let a = va.addr();
-        let mut st = self.core.state.lock();
-        let size = match st.physical.get(&handle.0) {
-            None => {
-                return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)))
-            }
-            Some(p) if p.mapped_at.is_some() => {
-                return Err(DriverError::InvalidValue(format!(
-                    "physical handle {} is already mapped",
-                    handle.0
-                )))
-            }
-            Some(p) => p.size,
-        };
-        if a % self.core.info.granularity != 0 {
-            return Err(bad_addr(a, size, "not aligned to the granularity"));
-        }
-        let end = a.checked_add(size).ok_or_else(|| bad_addr(a, size, "overflow"))?;
-        match st.reservations.range(..=a).next_back() {
-            Some((&rs, &(rl, ResKind::User))) if end <= rs + rl => {}
-            _ => return Err(bad_addr(a, size, "not inside a reservation")),
-        }
-        if st.mappings.range(..end).next_back().is_some_and(|(&ms, &(ml, _))| ms + ml > a) {
-            return Err(bad_addr(a, size, "overlaps an existing mapping"));
-        }
-        let Some(p) = st.physical.get_mut(&handle.0) else {
-            return Err(DriverError::InvalidHandle(format!("physical handle {}", handle.0)));
-        };
-        if p.parked {
-            self.core.memory.map_parked(a, size, handle.0)?;
-        } else {
-            self.core.memory.map(a, size)?;
-        }
-        p.parked = false;
-        p.mapped_at = Some(a);
-        st.mappings.insert(a, (size, handle.0));
-        st.mapped_bytes += size;
-        Ok(())
+        self.physical_map(va, handle)
     }
 
     fn unmap(&self, va: DevicePtr) -> DriverResult<PhysicalHandle> {
-        self.check_vmm()?;
-        bump(&self.core.calls.unmap);
-        model_delay(self.core.latency().map);
-        let a = va.addr();
-        let mut st = self.core.state.lock();
-        let Some(&(size, h)) = st.mappings.get(&a) else {
-            return Err(bad_addr(a, 0, "not the start of a mapping"));
-        };
-        self.core.memory.unmap_keep(a, size, h)?;
-        st.mappings.remove(&a);
-        if let Some(p) = st.physical.get_mut(&h) {
-            p.mapped_at = None;
-            p.parked = true;
-        }
-        st.mapped_bytes -= size;
-        Ok(PhysicalHandle(h))
+        self.physical_unmap(va)
+    }
+
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        self.physical_export(handle, check_pids)
+    }
+
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        crate::ipc::allow(shareable, pids)
+    }
+
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        self.physical_import(shareable, size)
     }
 
     fn malloc(&self, size: u64) -> DriverResult<DevicePtr> {

@@ -7,7 +7,8 @@
 //! | NPU concept | software NPU |
 //! |---|---|
 //! | devices | up to [`MAX_DEVICES`] per [`Npu`], each with its own memory, streams and events; peer access per ordered pair lets one device's tasks use another's memory, copies between them costed at [`LatencyModel::peer_bandwidth`] |
-//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory; physical memory keeps its bytes while unmapped (mapped again, at any address, it shows them) and goes back to the OS when freed; `malloc`'s memory goes back at `free` |
+//! | device memory | one `mmap` reservation per device; mapped granules are real, resident memory; physical memory is a memory file per allocation, which keeps its bytes while unmapped (mapped again, at any address, it shows them) and goes back to the OS when freed; `malloc`'s memory goes back at `free` |
+//! | IPC (`aclrtMemExportToShareableHandle`, …) | an exported allocation's memory file is handed to a whitelisted process over a Unix socket (`SCM_RIGHTS`): both processes map the same bytes; streams and events stay per process |
 //! | capacity | accounted per device (default 64 GiB); beyond it, [`OutOfMemory`](hal::DriverError::OutOfMemory) |
 //! | stream | a worker thread executing tasks strictly in enqueue order |
 //! | kernel | a Rust closure over device buffers ([`KernelLaunch`](hal::KernelLaunch)) |
@@ -27,7 +28,8 @@
 //! flight (one of them writes overlapping bytes) fails with a "concurrent conflicting access
 //! (data race)" error instead of running, and unmapping or freeing memory in flight fails.
 //! A range of a peer device's memory is checked and registered in that device's table.
-//! All `unsafe` code dealing with memory is in one private module (`memory`).
+//! All `unsafe` code dealing with memory, its mappings and the hand-off of memory files to
+//! other processes is in one private module (`memory`).
 //!
 //! # Errors inside tasks
 //!
@@ -79,6 +81,7 @@ mod device;
 mod event;
 mod faults;
 mod graph;
+mod ipc;
 mod memory;
 mod peer;
 pub mod sanitizer;

@@ -59,9 +59,10 @@ pub use soma_core::hal;
 pub use soma_core::observe;
 pub use soma_core::{
     attr, elapsed_ms, BufferOwner, Bytes, CaptureInfo, CaptureMode, CaptureStatus, Device,
-    DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, Graph, GraphMemoryOwner,
-    GraphMemoryStats, GraphPool, HostBuffer, HostTransfer, KernelArg, MemPool, MemPoolBuilder,
-    OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolStats, Result,
+    DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, ExportedPointer, Graph,
+    GraphMemoryOwner, GraphMemoryStats, GraphPool, HandleType, HostBuffer, HostTransfer,
+    ImportedAlloc, ImportedPool, IpcErrorKind, KernelArg, MemPool, MemPoolBuilder, OomAction,
+    OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolDescriptor, PoolStats, Result,
     ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
 };
 

@@ -1,7 +1,8 @@
 /*
  * acl_rt.h - the runtime part of the AscendCL (CANN runtime) C API subset declared by soma-rs:
  * devices, contexts, streams, events, host functions, memory, copies, virtual memory
- * management and model runtime instances built by stream capture. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
+ * management, physical memory shared between processes and model runtime instances built by
+ * stream capture. Also includes the stream-ordered pool API (acl_rt_memory_soma.h).
  *
  * Written by the soma-rs project from the public AscendCL documentation (declarations only).
  *
@@ -188,6 +189,20 @@ ACL_FUNC_VISIBILITY aclError aclrtUnmapMem(void *virPtr);
 ACL_FUNC_VISIBILITY aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
                                                               aclrtMemGranularityOptions option,
                                                               size_t *granularity);
+
+/* Physical memory shared between processes (IPC). flags of aclrtMemExportToShareableHandle: */
+#define ACL_RT_VMM_EXPORT_FLAG_DEFAULT 0x0UL /* only whitelisted processes may import */
+#define ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION 0x1UL /* any process may import */
+ACL_FUNC_VISIBILITY aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle,
+                                                             aclrtMemHandleType handleType,
+                                                             uint64_t flags,
+                                                             uint64_t *shareableHandle);
+ACL_FUNC_VISIBILITY aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle,
+                                                             int32_t *pid, size_t pidNum);
+ACL_FUNC_VISIBILITY aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle,
+                                                               int32_t deviceId,
+                                                               aclrtDrvMemHandle *handle);
+ACL_FUNC_VISIBILITY aclError aclrtDeviceGetBareTgid(int32_t *pid);
 
 /* Model runtime instances built by capturing a stream ("ACL graph"). */
 ACL_FUNC_VISIBILITY aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode);

@@ -151,8 +151,9 @@ impl<T> PoolAlloc<'_, T> {
     /// dropped, and its use list, moved out (nothing else in the handle owns heap memory, and
     /// its pool and stream are borrows, so nothing leaks).
     fn disarm(self) -> (ManuallyDrop<Self>, SmallVec<[StreamUse; 2]>) {
-        let this = ManuallyDrop::new(self);
-        let uses = this.0.uses.take();
+        let mut this = ManuallyDrop::new(self);
+        // Moved out, so that the list's box is dropped here (the handle's fields are not).
+        let uses = std::mem::take(&mut this.0.uses).take();
         (this, uses)
     }
 
@@ -200,6 +201,18 @@ impl<T> PoolAlloc<'_, T> {
     /// Size in bytes as requested (the block is rounded up to the pool's alignment).
     pub fn byte_len(&self) -> u64 {
         self.0.byte_len()
+    }
+
+    /// Names the allocation for another process that imported its pool
+    /// ([`ImportedPool::open`](crate::ImportedPool::open)). From now on its free waits for
+    /// every importer that opened it to release it, and it cannot be compacted. See
+    /// [`MemPool::export`].
+    ///
+    /// # Errors
+    /// [`IpcErrorKind::NotExportable`](crate::IpcErrorKind::NotExportable) for a pool not
+    /// built with [`HandleType::Posix`](crate::HandleType::Posix).
+    pub fn export_pointer(&self) -> Result<crate::ExportedPointer> {
+        self.0.export_pointer()
     }
 }
 

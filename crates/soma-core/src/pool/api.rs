@@ -113,6 +113,14 @@ impl<'d> MemPool<'d> {
         }
     }
 
+    /// The core of an engine pool of one core (`None`: sharded or native).
+    pub(super) fn single_core(&self) -> Option<&Arc<PoolCore>> {
+        match &self.kind {
+            PoolKind::Engine(core) => Some(core),
+            PoolKind::Sharded(_) | PoolKind::Native(_) => None,
+        }
+    }
+
     /// The pool's number among the pools of the process (in traces and annotations).
     pub(super) fn id(&self) -> u64 {
         match self.backend() {
@@ -585,6 +593,11 @@ impl<'d> MemPool<'d> {
         for a in allocations.iter() {
             if !std::ptr::eq(a.pool(), self) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));
+            }
+            if cores.first().is_exported(a.device_ptr()) {
+                return Err(Error::InvalidArgument(
+                    "compact: an exported allocation cannot move (another process maps it)".into(),
+                ));
             }
             let own = a.stream();
             if own.slot() != stream.slot() || !own.device().same_as(stream.device()) {

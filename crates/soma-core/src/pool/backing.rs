@@ -80,6 +80,9 @@ impl Backing for HalBacking<'_> {
                 return Err(map_backing_error(e));
             }
         };
+        if let Some(ipc) = &self.core.ipc {
+            ipc.mapped(offset, size, handle.0);
+        }
         self.reserved += size;
         self.record(RecordKind::Map, offset, size);
         crate::observe::trace_map(offset, size, self.reserved);
@@ -96,6 +99,9 @@ impl Backing for HalBacking<'_> {
         let hal = self.core.hal();
         let handle = hal.unmap(va)?;
         debug_assert_eq!(handle, PhysicalHandle(token));
+        if let Some(ipc) = &self.core.ipc {
+            ipc.unmapped(offset);
+        }
         hal.free_physical(handle)?;
         if let Some(b) = self.core.budget.as_deref() {
             // Accounted as the engine accounts it: released once the free succeeded.

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::api::MemPool;
 use super::core::{CoreSpec, PoolCore};
 use super::handle::MAX_POOL_BYTES;
+use super::ipc::HandleType;
 use super::native::NativePool;
 use super::owned::OwnedPool;
 use super::policy::{OomAction, OomHook, ReusePolicy, Settings};
@@ -30,6 +31,7 @@ pub struct MemPoolBuilder {
     segments_per_growth: u64,
     recycle_on_growth: bool,
     stream_shards: usize,
+    handle_type: HandleType,
 }
 
 impl std::fmt::Debug for MemPoolBuilder {
@@ -47,6 +49,7 @@ impl std::fmt::Debug for MemPoolBuilder {
             .field("passthrough", &self.passthrough)
             .field("recycle_on_growth", &self.recycle_on_growth)
             .field("stream_shards", &self.stream_shards)
+            .field("handle_type", &self.handle_type)
             .finish()
     }
 }
@@ -66,6 +69,7 @@ impl Default for MemPoolBuilder {
             segments_per_growth: 0,
             recycle_on_growth: true,
             stream_shards: 1,
+            handle_type: HandleType::None,
         }
     }
 }
@@ -241,6 +245,16 @@ impl MemPoolBuilder {
         self
     }
 
+    /// Whether the pool can be shared with other processes (default [`HandleType::None`]).
+    /// With [`HandleType::Posix`] the pool can be exported ([`MemPool::export`]) and its
+    /// allocations opened by another process; see `docs/semantics.md`, *IPC*. Such a pool
+    /// frees under its lock (no free ring) and needs virtual memory management; it cannot be
+    /// [`native`](Self::native), [`passthrough`](Self::passthrough) or sharded.
+    pub fn handle_type(mut self, handle_type: HandleType) -> Self {
+        self.handle_type = handle_type;
+        self
+    }
+
     /// Delegates to the device's own stream-ordered pool (CANN's `aclrtMemPool*`, through the
     /// `ascend` backend) behind the same typed API. Support is detected at `build()`: a device
     /// or product without it (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`) gives an
@@ -310,6 +324,7 @@ impl MemPoolBuilder {
             settings: Arc::new(Settings::new(self.reuse, threshold)),
             created: Instant::now(),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            shareable: self.handle_type == HandleType::Posix,
         };
         let pool = if self.native {
             MemPool::native(device, NativePool::create(device, &spec)?)
@@ -385,6 +400,15 @@ impl MemPoolBuilder {
             return Err(Error::InvalidConfig(
                 "stream_shards above 1 needs virtual memory management and is not available \
                  with a native or pass-through pool or with a history"
+                    .into(),
+            ));
+        }
+        if self.handle_type == HandleType::Posix
+            && (self.native || self.passthrough || self.stream_shards > 1 || !info.supports_vmm)
+        {
+            return Err(Error::InvalidConfig(
+                "handle_type(Posix) needs virtual memory management and is not available with \
+                 a native, pass-through or sharded pool"
                     .into(),
             ));
         }

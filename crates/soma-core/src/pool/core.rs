@@ -11,6 +11,7 @@ use super::backing::HalBacking;
 use super::free_ring::FreeRing;
 use super::graph_region::{GraphRegions, FIRST_GRAPH_SLOT};
 use super::handle::Origin;
+use super::ipc::ExportState;
 use super::passthrough::Passthrough;
 use super::policy::{OomHook, Settings};
 use super::shards::Budget;
@@ -37,6 +38,8 @@ pub(super) struct CoreSpec {
     pub(super) settings: Arc<Settings>,
     pub(super) created: Instant,
     pub(super) id: u64,
+    /// Built with `HandleType::Posix`: the pool can be shared with other processes.
+    pub(super) shareable: bool,
 }
 
 /// The shared part of an engine-backed pool, or of one of its shards (reachable from the
@@ -80,6 +83,8 @@ pub(crate) struct PoolCore {
     /// Live blocks of live graph regions (written under the lock): while there are none, a
     /// free on a stream that once captured needs no look at the regions.
     pub(super) graph_blocks: AtomicU64,
+    /// The sharing state of a pool built with `HandleType::Posix` (see `ipc/`).
+    pub(super) ipc: Option<ExportState>,
 }
 
 /// The state of a core that its lock guards.
@@ -263,13 +268,19 @@ impl PoolCore {
             passthrough: spec.passthrough.then(Passthrough::default),
             history_on: spec.history > 0,
             // Every free must reach the engine at once for the sanitizer's annotations, the
-            // history and pass-through mode. In a sharded pool a ring would be drained only
+            // history, pass-through mode and a shareable pool (whose frees may wait for
+            // importers). In a sharded pool a ring would be drained only
             // when its own shard is locked, so the pool-wide `used` (and its high-water mark)
             // would count frees waiting there: frees lock instead.
-            free_ring: (!spec.passthrough && spec.history == 0 && !annotate && budget.is_none())
+            free_ring: (!spec.passthrough
+                && spec.history == 0
+                && !annotate
+                && budget.is_none()
+                && !spec.shareable)
                 .then(FreeRing::new),
             sticky_hint: AtomicBool::new(false),
             graph_blocks: AtomicU64::new(0),
+            ipc: spec.shareable.then(ExportState::default),
         });
         let weak: Weak<PoolCore> = Arc::downgrade(&core);
         device.register_listener(weak);

@@ -132,6 +132,8 @@ impl PoolCore {
                     Error::InvalidArgument(format!("free of block {block:?}: double free"))
                 })?;
             }
+            // Held by another process: freed when the last importer releases it.
+            _ if self.held_by_importers(&inner.engine, block, tag) => {}
             _ => inner.engine.free(block, tag).map_err(|e| free_failed(block, &e))?,
         }
         if let Some(info) = info.filter(|_| inner.history.is_some()) {

@@ -20,6 +20,7 @@
 //! | `graph_pool.rs` | [`GraphPool`], the tokens that keep graph memory, the device's captures |
 //! | `graph_region.rs` | graph-private memory in a core: captured allocations and frees |
 //! | `native.rs` | the driver's own pool behind the same API |
+//! | `ipc/` | pools shared with other processes: export, the pool service, import |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
 //! | `alloc.rs` | [`PoolAlloc`], the typed allocation that borrows its pool and stream |
 //! | `default.rs` | a device's default pool, and `Stream::alloc_async` from it |
@@ -42,6 +43,7 @@ pub mod free_ring;
 mod graph_pool;
 mod graph_region;
 mod handle;
+mod ipc;
 mod native;
 mod observe_api;
 mod oom;
@@ -61,6 +63,7 @@ pub use builder::MemPoolBuilder;
 pub(crate) use default::DefaultPool;
 pub(crate) use graph_pool::{ActiveCaptures, CaptureMemory};
 pub use graph_pool::{GraphMemoryOwner, GraphMemoryStats, GraphPool};
+pub use ipc::{ExportedPointer, HandleType, ImportedAlloc, ImportedPool, PoolDescriptor};
 pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};
 pub use stats::{PoolStats, ReuseCounts};

@@ -197,6 +197,14 @@ impl<T: bytemuck::Pod + Send + Sync> OwnedAlloc<T> {
         &self.0.pool
     }
 
+    /// Names the allocation for another process, as [`PoolAlloc::export_pointer`](crate::PoolAlloc::export_pointer).
+    ///
+    /// # Errors
+    /// As [`PoolAlloc::export_pointer`](crate::PoolAlloc::export_pointer).
+    pub fn export_pointer(&self) -> Result<crate::ExportedPointer> {
+        self.0.export_pointer()
+    }
+
     /// Frees the allocation onto its stream now, reporting failures (`Drop` cannot).
     ///
     /// # Errors

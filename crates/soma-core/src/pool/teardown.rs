@@ -78,6 +78,13 @@ impl PoolCore {
                     let _ = inner.engine.free(block, tag);
                 }
             }
+            if let Some(ipc) = &self.ipc {
+                // Frees that waited for importers: the pool ends, importers keep the memory
+                // they mapped.
+                for (block, tag) in ipc.take_deferred() {
+                    let _ = inner.engine.free(block, tag);
+                }
+            }
             // Graph memory goes with the pool: a graph launched after the pool's drop uses
             // freed memory (as with raw blocks), and a launch in flight may still use it.
             let graph_memory = self.release_all_graph_memory(&mut inner);

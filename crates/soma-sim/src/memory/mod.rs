@@ -14,16 +14,19 @@
 //!    any / write, overlapping); it removes them when dropped. [`DeviceMemory::unmap`] refuses
 //!    ranges that are in flight. Hence while an `Access` lives its ranges stay mapped, and no
 //!    other thread holds a conflicting reference to their bytes.
-//! 4. **The parked pages** of unmapped physical memory: in place (a `PROT_NONE` range of the
-//!    arena outside the mapped set) or aside (a private mapping of their own). Only this
-//!    module's `map_parked` / `evict` copy them, under the lock, while no slice or `Access`
-//!    can refer to them (they are not mapped).
+//! 4. **The shared ranges**: mapped ranges backed by a physical allocation's memory file
+//!    ([`SharedPages`], `MAP_SHARED` over the arena) instead of the arena's own anonymous
+//!    pages. Unmapping one puts a fresh `PROT_NONE` anonymous reservation back in its place;
+//!    the file keeps the bytes. The same file may be mapped by another process (IPC): what
+//!    the two processes do to its bytes is ordered by them (see [`SharedPages`]), as on a
+//!    device, and never by this module's in-flight table, which is per process.
 //!
 //! A request whose ranges lie in several devices' memories (peer access) holds one `Access`
 //! per memory ([`SpanningAccess`]); the arenas of two devices never overlap.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 
 use parking_lot::Mutex;
@@ -105,10 +108,10 @@ struct MemState {
     /// In-flight ranges.
     inflight: Vec<Held>,
     next_id: u64,
-    /// Bytes of unmapped physical memory, by its key.
-    parked: HashMap<u64, ParkedPages>,
-    /// The arena ranges holding parked bytes in place: start → (end, key).
-    in_place: BTreeMap<u64, (u64, u64)>,
+    /// Ranges of the arena the OS took back without a reservation in their place (an
+    /// `mmap` over them failed half-way): never mapped again, since another mapping of the
+    /// process may live there now.
+    lost: BTreeMap<u64, u64>,
 }
 
 impl MemState {
@@ -222,8 +225,6 @@ impl DeviceMemory {
     pub fn map(&self, addr: u64, len: u64) -> DriverResult<()> {
         let mut st = self.state.lock();
         self.check_mappable(&st, addr, len)?;
-        // Fresh memory reads as zero: parked bytes of unmapped physical memory there move aside.
-        self.evict_overlapping(&mut st, addr, len)?;
         self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
         st.mapped.insert(addr, addr + len);
         Ok(())
@@ -240,118 +241,74 @@ impl DeviceMemory {
         Ok(())
     }
 
-    /// Unmaps the mapped range that starts at `addr` and has length `len`, as
-    /// [`unmap`](Self::unmap), but keeps its bytes as physical memory `key`'s: this is
-    /// physical memory's life on a device, where unmapping removes the address and the memory
-    /// keeps its contents until it is freed. The pages stay where they are, inaccessible (no
-    /// copy: a pool unmaps to free, and [`discard_parked`](Self::discard_parked) then drops
-    /// them as `unmap` would have); they are copied aside only if a mapping is made over them
-    /// first. [`map_parked`](Self::map_parked) maps them again, at any address.
-    pub fn unmap_keep(&self, addr: u64, len: u64, key: u64) -> DriverResult<()> {
-        let mut st = self.state.lock();
-        self.check_unmappable(&st, addr, len)?;
-        if st.parked.contains_key(&key) {
-            return Err(DriverError::InvalidValue(format!("physical memory {key} is parked")));
-        }
-        self.protect(addr, len, libc::PROT_NONE)?;
-        st.mapped.remove(&addr);
-        st.in_place.insert(addr, (addr + len, key));
-        st.parked.insert(key, ParkedPages::InPlace { addr, len });
-        Ok(())
-    }
-
-    /// Maps the bytes of physical memory `key` (parked by [`unmap_keep`](Self::unmap_keep)) at
-    /// `[addr, addr + len)`: inside the arena, page aligned, not overlapping a mapped range,
-    /// and `len` the parked length. On an error the bytes stay parked.
-    pub fn map_parked(&self, addr: u64, len: u64, key: u64) -> DriverResult<()> {
+    /// Maps the memory file `pages` at `[addr, addr + len)`: inside the arena, page aligned,
+    /// not overlapping a mapped range, and `len` the file's length. The range shows the
+    /// file's bytes, as any other mapping of it does (in this process or another).
+    pub fn map_shared(&self, addr: u64, len: u64, pages: &SharedPages) -> DriverResult<()> {
         let mut st = self.state.lock();
         self.check_mappable(&st, addr, len)?;
-        let same_place = match st.parked.get(&key) {
-            Some(p) if p.len() == len => *p == ParkedPages::InPlace { addr, len },
-            Some(p) => {
-                return Err(DriverError::InvalidValue(format!(
-                    "physical memory {key} holds {} bytes, not {len}",
-                    p.len()
-                )))
-            }
-            None => {
-                return Err(DriverError::InvalidValue(format!(
-                    "physical memory {key} is not parked"
-                )))
-            }
-        };
-        if same_place {
-            // Back where it was: the pages never moved.
-            self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
-            st.in_place.remove(&addr);
-        } else {
-            // Aside first (its own old place may overlap the target), then clear the target.
-            self.evict(&mut st, key)?;
-            self.evict_overlapping(&mut st, addr, len)?;
-            self.protect(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
-            if let Some(ParkedPages::Aside(region)) = st.parked.get(&key) {
-                // SAFETY: the target is `len` bytes of our arena, just made accessible and not
-                // mapped before (checked), so nothing refers to it; the region holds `len`
-                // bytes outside the arena that only this table refers to.
-                unsafe { copy_resident(region.ptr.as_ptr(), self.ptr(addr), region.len) };
-            }
+        if pages.len() != len {
+            return Err(DriverError::InvalidValue(format!(
+                "physical memory of {} bytes mapped over {len} bytes",
+                pages.len()
+            )));
         }
-        st.parked.remove(&key);
+        // SAFETY: the range is inside our arena and not mapped (checked under the lock), so
+        // no slice or `Access` refers to it; MAP_FIXED replaces its PROT_NONE reservation
+        // with the file's pages, which are `len` bytes long.
+        let p = unsafe {
+            libc::mmap(
+                self.ptr(addr).cast(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                pages.fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = os_error("mmap of physical memory");
+            self.reserve_again(&mut st, addr, len);
+            return Err(e);
+        }
         st.mapped.insert(addr, addr + len);
         Ok(())
     }
 
-    /// Drops the parked bytes of physical memory `key` (it is freed): their pages go back to
-    /// the OS. Nothing to do for memory that was never parked.
-    pub fn discard_parked(&self, key: u64) {
+    /// Unmaps the range `[addr, addr + len)` made by [`map_shared`](Self::map_shared): a
+    /// fresh reservation takes its place, the memory file keeps the bytes. Fails, changing
+    /// nothing, if the range is in flight.
+    pub fn unmap_shared(&self, addr: u64, len: u64) -> DriverResult<()> {
         let mut st = self.state.lock();
-        match st.parked.remove(&key) {
-            Some(ParkedPages::InPlace { addr, len }) => {
-                st.in_place.remove(&addr);
-                self.drop_pages(addr, len);
-            }
-            Some(ParkedPages::Aside(region)) => {
-                // Unmapped outside the lock.
-                drop(st);
-                drop(region);
-            }
-            None => {}
+        self.check_unmappable(&st, addr, len)?;
+        st.mapped.remove(&addr);
+        if !self.reserve_again(&mut st, addr, len) {
+            return Err(os_error("mmap of the unmapped range's reservation"));
         }
+        Ok(())
     }
 
-    /// Copies the parked bytes of `key`, if they are in place, to a region outside the arena
-    /// and drops them from the arena.
-    fn evict(&self, st: &mut MemState, key: u64) -> DriverResult<()> {
-        let Some(&ParkedPages::InPlace { addr, len }) = st.parked.get(&key) else {
-            return Ok(());
+    /// Puts a fresh `PROT_NONE` reservation over `[addr, addr + len)`, a range of the arena
+    /// that is not mapped; whether it could. When the OS refuses, the range is lost.
+    fn reserve_again(&self, st: &mut MemState, addr: u64, len: u64) -> bool {
+        // SAFETY: the range is inside our arena and not in the mapped set (the caller holds
+        // the lock and checked), so nothing refers to its bytes; MAP_FIXED replaces whatever
+        // pages it has with inaccessible, unbacked ones.
+        let p = unsafe {
+            libc::mmap(
+                self.ptr(addr).cast(),
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
         };
-        let region = Region::new(len as usize)?;
-        self.protect(addr, len, libc::PROT_READ)?;
-        // SAFETY: `[addr, addr + len)` is an unmapped range of our arena holding parked pages,
-        // just made readable, that nothing refers to; the region is fresh, `len` bytes long
-        // and outside the arena.
-        unsafe { copy_resident(self.ptr(addr), region.ptr.as_ptr(), len as usize) };
-        self.protect(addr, len, libc::PROT_NONE)?;
-        self.drop_pages(addr, len);
-        st.in_place.remove(&addr);
-        st.parked.insert(key, ParkedPages::Aside(region));
-        Ok(())
-    }
-
-    /// Moves aside the parked bytes of every range that overlaps `[addr, addr + len)`, before
-    /// a mapping is made there.
-    fn evict_overlapping(&self, st: &mut MemState, addr: u64, len: u64) -> DriverResult<()> {
-        let end = addr + len;
-        while let Some(key) = st
-            .in_place
-            .range(..end)
-            .next_back()
-            .filter(|(_, &(e, _))| e > addr)
-            .map(|(_, &(_, key))| key)
-        {
-            self.evict(st, key)?;
+        if p == libc::MAP_FAILED {
+            st.lost.insert(addr, addr + len);
+            return false;
         }
-        Ok(())
+        true
     }
 
     /// Gives the pages of an inaccessible range of the arena back to the OS (best effort: if
@@ -379,6 +336,13 @@ impl DeviceMemory {
                 reason: "range is already mapped".into(),
             });
         }
+        if st.lost.range(..end).next_back().is_some_and(|(_, &e)| e > addr) {
+            return Err(DriverError::InvalidAddress {
+                addr,
+                len,
+                reason: "range was lost to a failed mapping call of the OS".into(),
+            });
+        }
         Ok(())
     }
 
@@ -402,8 +366,8 @@ impl DeviceMemory {
     }
 
     /// Sets the protection of a range of the arena that no slice or [`Access`] refers to (the
-    /// caller holds the state lock and checked: a mapping with nothing in flight, a range not
-    /// mapped, or parked pages).
+    /// caller holds the state lock and checked: a mapping with nothing in flight, or a range
+    /// not mapped).
     fn protect(&self, addr: u64, len: u64, prot: libc::c_int) -> DriverResult<()> {
         // SAFETY: per the caller's check, no reference to the range's bytes exists, so
         // changing its protection cannot invalidate one; the range is inside our arena.
@@ -490,14 +454,16 @@ impl Drop for DeviceMemory {
 }
 
 mod access;
+mod handoff;
 mod host;
-mod parked;
+mod shared;
 mod spanning;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use access::{check_no_self_overlap, Access, End, HostSpan};
 use access::{invalid, mode_verb, Borrow};
+pub(crate) use handoff::{peer_pid, recv_with_fd, send_with_fd};
 pub(crate) use host::{alloc_host, free_host, page_size};
-use parked::{copy_resident, ParkedPages, Region};
+pub(crate) use shared::SharedPages;
 pub(crate) use spanning::SpanningAccess;

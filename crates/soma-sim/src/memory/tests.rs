@@ -1,4 +1,4 @@
-//! The memory module's invariants: mapping, parking, in-flight accesses.
+//! The memory module's invariants: mapping, shared memory files, in-flight accesses.
 
 use super::*;
 use soma_core::hal::KernelBuffers;
@@ -38,63 +38,54 @@ fn map_access_unmap() {
     assert_eq!(KernelBuffers::bytes(&acc, 0).unwrap(), &[0u8; 16], "fresh pages are zero");
 }
 
-/// Unmapping with `unmap_keep` keeps the bytes, wherever they are mapped again, also after
-/// another mapping was made over their old place; discarding them frees them; a refused
-/// unmap or map changes nothing.
+/// A memory file keeps its bytes while unmapped, shows them wherever it is mapped next, and
+/// shows the same bytes at two places at once (two arenas: what two processes see); a
+/// refused unmap or map changes nothing, and an unmapped range reads as zero when mapped
+/// fresh.
 #[test]
-fn parked_pages_keep_their_bytes() {
+fn shared_pages_keep_their_bytes_wherever_mapped() {
     let m = DeviceMemory::new(8 * G, G).unwrap();
+    let other = DeviceMemory::new(8 * G, G).unwrap();
     let a = m.start();
-    let fill = |at: u64, v: u8| {
+    let fill = |m: &DeviceMemory, at: u64, v: u8| {
         let mut acc = m.acquire(Owner::Host("t"), &[r(at, G, AccessMode::Write)], true).unwrap();
         acc.fill(at, v, G).unwrap();
     };
-    let read = |at: u64| {
+    let read = |m: &DeviceMemory, at: u64| {
         let acc = m.acquire(Owner::Host("t"), &[r(at, G, AccessMode::Read)], true).unwrap();
         let b = KernelBuffers::bytes(&acc, 0).unwrap();
         (b[0], b[G as usize - 1], b.iter().all(|&x| x == b[0]))
     };
-    m.map(a, G).unwrap();
-    fill(a, 0xAB);
+    let pages = SharedPages::create(G).unwrap();
+    assert!(m.map_shared(a, 2 * G, &pages).is_err(), "wrong length");
+    m.map_shared(a, G, &pages).unwrap();
+    assert!(m.map_shared(a, G, &pages).is_err(), "already mapped");
+    assert_eq!(read(&m, a), (0, 0, true), "fresh memory reads as zero");
+    fill(&m, a, 0xAB);
     {
         let _busy = m.acquire(Owner::Host("t"), &[r(a, 1, AccessMode::Read)], true).unwrap();
-        assert!(m.unmap_keep(a, G, 1).is_err(), "in-flight range must not be unmapped");
+        assert!(m.unmap_shared(a, G).is_err(), "in-flight range must not be unmapped");
     }
-    assert!(m.unmap_keep(a, 2 * G, 1).is_err(), "not a mapping of that size");
-    m.unmap_keep(a, G, 1).unwrap();
+    assert!(m.unmap_shared(a, 2 * G).is_err(), "not a mapping of that size");
+    m.unmap_shared(a, G).unwrap();
     assert!(m.check_mapped(&[r(a, 1, AccessMode::Read)]).is_err(), "unmapped");
-    // Back in place: nothing moved.
-    assert!(m.map_parked(a, 2 * G, 1).is_err(), "wrong length");
-    assert!(m.map_parked(a, G, 2).is_err(), "nothing parked under that key");
-    m.map_parked(a, G, 1).unwrap();
-    assert_eq!(read(a), (0xAB, 0xAB, true));
-    // Elsewhere: copied.
-    m.unmap_keep(a, G, 1).unwrap();
-    m.map(a + 3 * G, G).unwrap();
-    assert!(m.map_parked(a + 3 * G, G, 1).is_err(), "target already mapped");
-    m.map_parked(a + 2 * G, G, 1).unwrap();
-    assert_eq!(read(a + 2 * G), (0xAB, 0xAB, true));
-    // A fresh mapping over parked bytes reads zero, and the parked bytes survive it.
-    fill(a + 2 * G, 0x5C);
-    m.unmap_keep(a + 2 * G, G, 1).unwrap();
-    m.map(a + 2 * G, G).unwrap();
-    assert_eq!(read(a + 2 * G), (0, 0, true));
-    m.map_parked(a, G, 1).unwrap();
-    assert_eq!(read(a), (0x5C, 0x5C, true));
-    // Discarded bytes are gone: the range reads zero when mapped again.
-    m.unmap_keep(a, G, 1).unwrap();
-    m.discard_parked(1);
-    assert!(m.map_parked(a, G, 1).is_err(), "discarded");
+    // The range itself is fresh again; the file kept the bytes, mapped elsewhere.
     m.map(a, G).unwrap();
-    assert_eq!(read(a), (0, 0, true));
-    // A parked range overlapped by a larger mapping is moved aside too.
-    m.unmap(a + 2 * G, G).unwrap();
-    fill(a, 0x11);
-    m.unmap_keep(a, G, 7).unwrap();
-    m.map(a, 3 * G).unwrap();
-    assert_eq!(read(a), (0, 0, true));
-    m.map_parked(a + 5 * G, G, 7).unwrap();
-    assert_eq!(read(a + 5 * G), (0x11, 0x11, true));
+    assert_eq!(read(&m, a), (0, 0, true));
+    m.map_shared(a + 2 * G, G, &pages).unwrap();
+    assert_eq!(read(&m, a + 2 * G), (0xAB, 0xAB, true));
+    // Mapped in a second arena at the same time: one set of bytes.
+    let b = other.start() + G;
+    other.map_shared(b, G, &pages).unwrap();
+    assert_eq!(read(&other, b), (0xAB, 0xAB, true));
+    fill(&other, b, 0x5C);
+    assert_eq!(read(&m, a + 2 * G), (0x5C, 0x5C, true));
+    other.unmap_shared(b, G).unwrap();
+    m.unmap_shared(a + 2 * G, G).unwrap();
+    // A fresh file is another allocation: zero.
+    let fresh = SharedPages::create(G).unwrap();
+    m.map_shared(a + 2 * G, G, &fresh).unwrap();
+    assert_eq!(read(&m, a + 2 * G), (0, 0, true));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use ascend_sys::{
 };
 use soma_core::hal::{
     CaptureMode, DeviceHal, DeviceInfo, DevicePtr, DriverError, DriverResult, EventHal, MemInfo,
-    MemRef, PhysicalHandle, StreamHal,
+    MemRef, PhysicalHandle, ShareableHandle, StreamHal,
 };
 
 use super::capture::Captures;
@@ -674,6 +674,30 @@ impl DeviceHal for AscendDevice {
             unsafe { raw::mem::memset(&d.acl, dev_ptr(dst), i32::from(value), to_usize(len)?) }
                 .map_err(map_call_err)
         })
+    }
+
+    fn export_physical(
+        &self,
+        handle: PhysicalHandle,
+        check_pids: bool,
+    ) -> DriverResult<ShareableHandle> {
+        self.ipc_export(handle, check_pids)
+    }
+
+    fn allow_shareable_pids(&self, shareable: ShareableHandle, pids: &[i32]) -> DriverResult<()> {
+        self.ipc_allow(shareable, pids)
+    }
+
+    unsafe fn import_physical(
+        &self,
+        shareable: ShareableHandle,
+        size: u64,
+    ) -> DriverResult<PhysicalHandle> {
+        self.ipc_import(shareable, size)
+    }
+
+    fn process_id(&self) -> DriverResult<i32> {
+        self.ipc_process_id()
     }
 
     fn can_access_peer(&self, peer: &dyn DeviceHal) -> DriverResult<bool> {

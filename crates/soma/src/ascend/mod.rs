@@ -87,6 +87,7 @@ mod capture;
 mod conv;
 mod device;
 mod event;
+mod ipc;
 mod native_pool;
 mod peer;
 mod ranges;

@@ -506,6 +506,55 @@ pub(crate) mod vmm {
     }
 }
 
+/// Physical memory shared between processes.
+pub(crate) mod ipc {
+    use super::*;
+
+    /// `aclrtMemExportToShareableHandle(h, NONE, flags)`: the shareable handle.
+    ///
+    /// # Safety
+    /// `h` is a live physical allocation of `acl`.
+    pub(crate) unsafe fn export(acl: &Acl, h: aclrtDrvMemHandle, flags: u64) -> CallResult<u64> {
+        let f = sym!(acl, aclrtMemExportToShareableHandle)?;
+        let mut shareable = 0u64;
+        let none = ascend_sys::aclrtMemHandleType::ACL_MEM_HANDLE_TYPE_NONE;
+        // SAFETY: the caller guarantees `h`; `shareable` is a valid out-pointer.
+        check(acl, "aclrtMemExportToShareableHandle", unsafe {
+            f(h, none, flags, &mut shareable)
+        })?;
+        Ok(shareable)
+    }
+
+    /// `aclrtMemSetPidToShareableHandle(shareable, pids)`.
+    pub(crate) fn set_pids(acl: &Acl, shareable: u64, pids: &[i32]) -> CallResult<()> {
+        let f = sym!(acl, aclrtMemSetPidToShareableHandle)?;
+        let mut pids = pids.to_vec();
+        // SAFETY: `pids` is valid for reads of its length (the C signature takes a non-const
+        // pointer; we pass a copy).
+        check(acl, "aclrtMemSetPidToShareableHandle", unsafe {
+            f(shareable, pids.as_mut_ptr(), pids.len())
+        })
+    }
+
+    /// `aclrtMemImportFromShareableHandle(shareable, device)`: a physical handle of `device`.
+    pub(crate) fn import(acl: &Acl, shareable: u64, device: i32) -> CallResult<aclrtDrvMemHandle> {
+        let f = sym!(acl, aclrtMemImportFromShareableHandle)?;
+        let mut h: aclrtDrvMemHandle = std::ptr::null_mut();
+        // SAFETY: `h` is a valid out-pointer.
+        check(acl, "aclrtMemImportFromShareableHandle", unsafe { f(shareable, device, &mut h) })?;
+        Ok(h)
+    }
+
+    /// `aclrtDeviceGetBareTgid`: this process's id for whitelists.
+    pub(crate) fn bare_tgid(acl: &Acl) -> CallResult<i32> {
+        let f = sym!(acl, aclrtDeviceGetBareTgid)?;
+        let mut pid = 0i32;
+        // SAFETY: `pid` is a valid out-pointer.
+        check(acl, "aclrtDeviceGetBareTgid", unsafe { f(&mut pid) })?;
+        Ok(pid)
+    }
+}
+
 /// CANN's stream-ordered memory pool (`aclrtMemPool*`).
 pub(crate) mod pool {
     use super::*;

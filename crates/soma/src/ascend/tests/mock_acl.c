@@ -382,6 +382,27 @@ aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
     return ACL_SUCCESS;
 }
 
+/* ---- IPC: a process of its own, whose exports nobody imports ---- */
+aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle h, aclrtMemHandleType t,
+                                         uint64_t flags, uint64_t *out) {
+    (void)t; (void)flags;
+    *out = (uint64_t)(uintptr_t)h;
+    return ACL_SUCCESS;
+}
+aclError aclrtMemSetPidToShareableHandle(uint64_t shareable, int32_t *pid, size_t n) {
+    (void)shareable; (void)pid; (void)n;
+    return ACL_SUCCESS;
+}
+aclError aclrtMemImportFromShareableHandle(uint64_t shareable, int32_t id,
+                                           aclrtDrvMemHandle *h) {
+    (void)shareable; (void)id; (void)h;
+    return fail(ACL_ERROR_RT_PARAM_INVALID, "mock: import and export only across processes");
+}
+aclError aclrtDeviceGetBareTgid(int32_t *pid) {
+    *pid = 4242;
+    return ACL_SUCCESS;
+}
+
 /* ---- pools ---- */
 aclError aclrtMemPoolCreate(aclrtMemPool *out, const aclrtMemPoolProps *p) {
     if (!pool_supported) return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "mock: not Atlas A2");
