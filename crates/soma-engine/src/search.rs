@@ -197,7 +197,8 @@ impl Engine {
             (None, None) => {}
         }
         let mut best: Option<(u32, u64, ReuseKind)> = None;
-        for slot in 1..self.indexes.len() {
+        // Private slots' blocks serve their own slot only.
+        for slot in 1..self.stream_span {
             if slot == own_slot {
                 continue;
             }
@@ -229,7 +230,8 @@ impl Engine {
         best.map(|(i, _, k)| (i, Some(k)))
     }
 
-    /// Step 4: best fit among other streams' blocks regardless of eligibility.
+    /// Step 4: best fit among other streams' blocks regardless of eligibility (never a
+    /// private slot's).
     pub(crate) fn find_internal_dependency(
         &self,
         size: u64,
@@ -238,7 +240,7 @@ impl Engine {
     ) -> Option<(u32, FreeTag)> {
         let own_slot = index_slot(true, stream);
         let mut best: Option<(u32, u64)> = None;
-        for slot in 1..self.indexes.len() {
+        for slot in 1..self.stream_span {
             if slot == own_slot {
                 continue;
             }
@@ -319,7 +321,8 @@ impl Engine {
     }
 
     /// The frees of other streams than `stream` that no rule lets it reuse yet, by stream
-    /// (what waiting for those streams would make reusable).
+    /// (what waiting for those streams would make reusable; not a private slot's, which no
+    /// wait makes reusable).
     ///
     /// # Time Complexity
     ///
@@ -331,7 +334,7 @@ impl Engine {
     ) -> SmallVec<[PendingFrees; 4]> {
         let own_slot = index_slot(true, stream);
         let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
-        for slot in 1..self.indexes.len() {
+        for slot in 1..self.stream_span {
             if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.is_empty()) {
                 continue;
             }

@@ -91,6 +91,12 @@ impl Engine {
         self.stats.reserved
     }
 
+    /// Free bytes cached on stream slot `slot` (tagged with it); O(1).
+    pub fn cached_bytes(&self, slot: StreamSlot) -> u64 {
+        let ix = self.indexes.get(slot as usize + 1).and_then(|ix| ix.as_deref());
+        ix.map_or(0, |ix| ix.bytes)
+    }
+
     /// The stream slots that have freed memory here (ever), in slot order.
     pub fn freeing_streams(&self) -> impl Iterator<Item = StreamSlot> + '_ {
         let slots = self.indexes.iter().enumerate().skip(1);

@@ -4,6 +4,7 @@
 mod coalescing;
 mod growth;
 mod model;
+mod private_slots;
 mod recycling;
 mod release;
 mod requests;
