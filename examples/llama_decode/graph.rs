@@ -12,19 +12,14 @@
 //! captured for several buckets at once, with a region of graph memory per graph and with one
 //! shared graph pool, to compare what the pool keeps for them.
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use soma::sim::Npu;
-use soma::{CaptureMode, Graph, GraphPool, KernelArg, MemPool, PoolAlloc, Stream};
-use soma_core::observe::History;
+use soma::{CaptureMode, Graph, GraphPool, KernelArg, PoolAlloc, Stream};
 
-use super::eager::{prompt_caches, KvCache, PoolPath, TensorAlloc};
+use super::eager::{prompt_caches, KvCache, PoolPath, Pools, RunFigures, TensorAlloc};
 use super::report::{driver_calls, mib, RunReport};
-use super::{
-    kernels, weight_shapes, Result, ACTIVATIONS_POOL_MAX, FFN, HEADS, HIDDEN, HISTORY_EVENTS,
-    KV_BLOCK, PROMPT, VOCAB, WEIGHTS_POOL_MAX,
-};
+use super::{kernels, Result, FFN, HEADS, HIDDEN, KV_BLOCK, PROMPT, VOCAB};
 
 /// One step's graph and the buffers it shares with the host.
 struct StepGraph<'s> {
@@ -264,27 +259,10 @@ pub(super) fn run_graph(npu: &Npu, steps: usize) -> Result<RunReport> {
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
-    let weights_pool =
-        MemPool::builder().max_size(WEIGHTS_POOL_MAX).segments_per_growth(1).build(&dev)?;
-    let acts_pool =
-        MemPool::builder().max_size(ACTIVATIONS_POOL_MAX).history(HISTORY_EVENTS).build(&dev)?;
-    println!("{LABEL}: loading the weights into the weights' pool");
-    let t = Instant::now();
-    let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
-        .into_iter()
-        .map(|n| weights_pool.alloc_async(n, &s))
-        .collect::<soma::Result<_>>()?;
-    let weights_load = t.elapsed();
-    let path = PoolPath {
-        pool: &acts_pool,
-        stream: &s,
-        clock: Cell::new(Duration::ZERO),
-        live: Cell::new((0, 0)),
-    };
-    println!(
-        "{LABEL}: weights loaded in {} ms; allocating the prompt's KV caches",
-        weights_load.as_millis()
-    );
+    let pools = Pools::new(&dev)?;
+    let acts_pool = &pools.acts;
+    let (weights, weights_load) = pools.load_weights(LABEL, &s)?;
+    let path = pools.path(&s);
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
     let calls0 = driver_calls(&sim);
@@ -335,19 +313,8 @@ pub(super) fn run_graph(npu: &Npu, steps: usize) -> Result<RunReport> {
     if let Some(g) = step_graph.take() {
         g.free(&path);
     }
-    let stats = acts_pool.stats();
-    let report = RunReport {
-        name: "soma pool + graph",
-        steps,
-        tokens,
-        alloc_overhead: path.clock.get(),
-        driver_calls: driver_calls(&sim) - calls0,
-        reserved_high: stats.reserved_high,
-        used_high: stats.used_high,
-        wall,
-        weights_load,
-        history: acts_pool.history_log().unwrap_or_else(|| History::new(1)),
-    };
+    let run = RunFigures { tokens, driver_calls: driver_calls(&sim) - calls0, wall, weights_load };
+    let report = pools.report("soma pool + graph", &path, run);
     compare_graph_memory(&path, &mut caches)?;
     drop(caches);
     drop(weights);
