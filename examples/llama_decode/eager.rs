@@ -397,54 +397,101 @@ pub(super) fn prompt_caches<'s, A: TensorAlloc<'s>>(
 }
 
 /// The run through soma pools.
+/// The pools of the two pool runs: weights in a pool of their own (they live as long as the
+/// model), activations and KV caches in another, whose history draws the timeline.
+pub(super) struct Pools<'d> {
+    pub(super) weights: MemPool<'d>,
+    pub(super) acts: MemPool<'d>,
+}
+
+impl<'d> Pools<'d> {
+    pub(super) fn new(dev: &'d Device) -> Result<Self> {
+        // Weights live as long as the model: one map call per tensor is enough.
+        let weights =
+            MemPool::builder().max_size(WEIGHTS_POOL_MAX).segments_per_growth(1).build(dev)?;
+        let acts =
+            MemPool::builder().max_size(ACTIVATIONS_POOL_MAX).history(HISTORY_EVENTS).build(dev)?;
+        Ok(Pools { weights, acts })
+    }
+
+    /// Loads the weights onto `s`, saying so under `label`; returns them and the time taken.
+    pub(super) fn load_weights<'s>(
+        &'s self,
+        label: &str,
+        s: &'s Stream<'d>,
+    ) -> Result<(Vec<PoolAlloc<'s, u16>>, Duration)> {
+        println!("{label}: loading the weights into the weights' pool");
+        let t = Instant::now();
+        let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
+            .into_iter()
+            .map(|n| self.weights.alloc_async(n, s))
+            .collect::<soma::Result<_>>()?;
+        let took = t.elapsed();
+        println!(
+            "{label}: weights loaded in {} ms; allocating the prompt's KV caches",
+            took.as_millis()
+        );
+        Ok((weights, took))
+    }
+
+    /// The activation path of a run on `s`, its clock and live bytes at zero.
+    pub(super) fn path<'s>(&'s self, s: &'s Stream<'d>) -> PoolPath<'s> {
+        PoolPath {
+            pool: &self.acts,
+            stream: s,
+            clock: Cell::new(Duration::ZERO),
+            live: Cell::new((0, 0)),
+        }
+    }
+
+    /// The report of a run named `name` over `path`, with the activation pool's figures.
+    pub(super) fn report(
+        &self,
+        name: &'static str,
+        path: &PoolPath<'_>,
+        run: RunFigures,
+    ) -> RunReport {
+        let stats = self.acts.stats();
+        RunReport {
+            name,
+            steps: run.tokens.len(),
+            tokens: run.tokens,
+            alloc_overhead: path.clock.get(),
+            driver_calls: run.driver_calls,
+            reserved_high: stats.reserved_high,
+            used_high: stats.used_high,
+            wall: run.wall,
+            weights_load: run.weights_load,
+            history: self.acts.history_log().unwrap_or_else(|| History::new(1)),
+        }
+    }
+}
+
+/// What a pool run measured itself.
+pub(super) struct RunFigures {
+    pub(super) tokens: Vec<u32>,
+    pub(super) driver_calls: u64,
+    pub(super) wall: Duration,
+    pub(super) weights_load: Duration,
+}
+
 pub(super) fn run_pool(npu: &Npu, steps: usize) -> Result<RunReport> {
     const LABEL: &str = "soma pools";
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
-    // Weights live as long as the model: one map call per tensor is enough.
-    let weights_pool =
-        MemPool::builder().max_size(WEIGHTS_POOL_MAX).segments_per_growth(1).build(&dev)?;
-    // The history draws the timeline.
-    let acts_pool =
-        MemPool::builder().max_size(ACTIVATIONS_POOL_MAX).history(HISTORY_EVENTS).build(&dev)?;
-    println!("{LABEL}: loading the weights into the weights' pool");
-    let t = Instant::now();
-    let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
-        .into_iter()
-        .map(|n| weights_pool.alloc_async(n, &s))
-        .collect::<soma::Result<_>>()?;
-    let weights_load = t.elapsed();
-    let path = PoolPath {
-        pool: &acts_pool,
-        stream: &s,
-        clock: Cell::new(Duration::ZERO),
-        live: Cell::new((0, 0)),
-    };
-    println!(
-        "{LABEL}: weights loaded in {} ms; allocating the prompt's KV caches",
-        weights_load.as_millis()
-    );
+    let pools = Pools::new(&dev)?;
+    let (weights, weights_load) = pools.load_weights(LABEL, &s)?;
+    let path = pools.path(&s);
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
     let calls0 = driver_calls(&sim);
     let t = Instant::now();
     let tokens = decode(&path, &s, LABEL, steps, &mut caches)?;
     let wall = t.elapsed();
-    let stats = acts_pool.stats();
-    println!("\nactivation pool after the pool run:\n{stats}\n");
-    let report = RunReport {
-        name: "soma pool",
-        steps,
-        tokens,
-        alloc_overhead: path.clock.get(),
-        driver_calls: driver_calls(&sim) - calls0,
-        reserved_high: stats.reserved_high,
-        used_high: stats.used_high,
-        wall,
-        weights_load,
-        history: acts_pool.history_log().unwrap_or_else(|| History::new(1)),
-    };
+    println!("\nactivation pool after the pool run:\n{}\n", pools.acts.stats());
+    let run = RunFigures { tokens, driver_calls: driver_calls(&sim) - calls0, wall, weights_load };
+    let report = pools.report("soma pool", &path, run);
     drop(caches);
     drop(weights);
     Ok(report)

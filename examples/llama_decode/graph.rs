@@ -1,81 +1,75 @@
-//! The third run: soma pools plus graph capture. The step's buffers are allocated from the
-//! pool before the capture and reused by every launch; the step is captured once per
-//! KV-cache length bucket (the caches' capacity, a multiple of `KV_BLOCK` tokens) and
-//! launched at every step. The kernels read the step's token and position from a small device
-//! buffer the host writes before each launch, so one graph serves every step of its bucket.
-//! When the sequence outgrows the bucket, the graph is dropped (it uses the caches), the caches
-//! grow by reallocation and copy, as in the other runs, and the next bucket's step is captured.
+//! The third run: soma pools plus graph capture. The step is captured once per KV-cache
+//! length bucket (the caches' capacity, a multiple of `KV_BLOCK` tokens) and launched at
+//! every step. Its activations are allocated and freed inside the capture, as the eager runs
+//! do at every step: the pool serves them once, at capture time, from memory it keeps for the
+//! graph, where each layer's activations reuse the previous layer's (launches allocate
+//! nothing). The kernels read the step's token and position from a small device buffer the
+//! host writes before each launch (allocated before the capture), and write the next token
+//! into a buffer allocated inside the capture (an output of the graph), so one graph serves
+//! every step of its bucket. When the sequence outgrows the bucket, the graph is dropped (it
+//! uses the caches) and its memory goes back to the pool, the caches grow by reallocation and
+//! copy, as in the other runs, and the next bucket's step is captured. At the end, the step is
+//! captured for several buckets at once, with a region of graph memory per graph and with one
+//! shared graph pool, to compare what the pool keeps for them.
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use soma::sim::Npu;
-use soma::{CaptureMode, Graph, KernelArg, MemPool, PoolAlloc, Stream};
-use soma_core::observe::History;
+use soma::{CaptureMode, Graph, GraphPool, KernelArg, PoolAlloc, Stream};
 
-use super::eager::{prompt_caches, KvCache, PoolPath, TensorAlloc};
-use super::report::{driver_calls, RunReport};
-use super::{
-    kernels, weight_shapes, Result, ACTIVATIONS_POOL_MAX, FFN, HEADS, HIDDEN, HISTORY_EVENTS,
-    KV_BLOCK, PROMPT, VOCAB, WEIGHTS_POOL_MAX,
-};
+use super::eager::{prompt_caches, KvCache, PoolPath, Pools, RunFigures, TensorAlloc};
+use super::report::{driver_calls, mib, RunReport};
+use super::{kernels, Result, FFN, HEADS, HIDDEN, KV_BLOCK, PROMPT, VOCAB};
 
-/// The buffers of one step: allocated before its capture, used by every launch.
-struct Workspace<'s> {
-    /// `[token, position]`, written by the host before each launch.
+/// One step's graph and the buffers it shares with the host.
+struct StepGraph<'s> {
+    /// `[token, position]`, written by the host before each launch: allocated before the
+    /// capture (a copy from the host cannot be captured).
     params: PoolAlloc<'s, u32>,
-    x: PoolAlloc<'s, f32>,
-    mid: PoolAlloc<'s, f32>,
-    h: PoolAlloc<'s, f32>,
-    q: PoolAlloc<'s, f32>,
-    k: PoolAlloc<'s, f32>,
-    v: PoolAlloc<'s, f32>,
-    /// Sized for the bucket's longest sequence.
-    scores: PoolAlloc<'s, f32>,
-    probs: PoolAlloc<'s, f32>,
-    attn: PoolAlloc<'s, f32>,
-    o: PoolAlloc<'s, f32>,
-    gate: PoolAlloc<'s, f32>,
-    up: PoolAlloc<'s, f32>,
-    act: PoolAlloc<'s, f32>,
-    down: PoolAlloc<'s, f32>,
-    logits: PoolAlloc<'s, f32>,
+    /// The step's token: allocated inside the capture and not freed there, an output of the
+    /// graph, read by the host after each launch.
     next: PoolAlloc<'s, u32>,
+    graph: Graph<'s>,
 }
 
-impl<'s> Workspace<'s> {
-    fn new(a: &PoolPath<'s>, capacity: usize) -> Result<Self> {
-        Ok(Workspace {
-            params: a.alloc(2)?,
-            x: a.alloc(HIDDEN)?,
-            mid: a.alloc(HIDDEN)?,
-            h: a.alloc(HIDDEN)?,
-            q: a.alloc(HIDDEN)?,
-            k: a.alloc(HIDDEN)?,
-            v: a.alloc(HIDDEN)?,
-            scores: a.alloc(HEADS * capacity)?,
-            probs: a.alloc(HEADS * capacity)?,
-            attn: a.alloc(HIDDEN)?,
-            o: a.alloc(HIDDEN)?,
-            gate: a.alloc(FFN)?,
-            up: a.alloc(FFN)?,
-            act: a.alloc(FFN)?,
-            down: a.alloc(HIDDEN)?,
-            logits: a.alloc(VOCAB)?,
-            next: a.alloc(1)?,
-        })
+impl<'s> StepGraph<'s> {
+    /// Captures a step over `caches` with score buffers for `capacity` tokens: every
+    /// activation is allocated inside the capture, from memory the pool keeps for the graph
+    /// (or for `shared`), and freed there once used, so that the next layer's activations
+    /// reuse it at every launch.
+    fn capture(
+        a: &PoolPath<'s>,
+        caches: &mut [KvCache<PoolAlloc<'s, f32>>],
+        capacity: usize,
+        shared: Option<&GraphPool>,
+    ) -> Result<Self> {
+        let s = a.stream;
+        let params = a.alloc::<u32>(2)?;
+        match shared {
+            Some(pool) => s.begin_capture_with_pool(CaptureMode::Global, pool)?,
+            None => s.begin_capture(CaptureMode::Global)?,
+        }
+        let next = record_step(a, &params, caches, capacity);
+        // Ended whatever happened, so that the stream goes on outside the capture.
+        let graph = s.end_capture();
+        Ok(StepGraph { params, next: next?, graph: graph? })
     }
 
-    /// Gives every buffer back to the pool.
+    /// Launches the step for `token` at position `pos`; returns the next token.
+    fn launch(&mut self, s: &Stream<'_>, token: u32, pos: usize) -> Result<u32> {
+        s.copy_from_host(&mut self.params, &[token, pos as u32])?;
+        self.graph.launch(s)?;
+        let mut out = [0u32; 1];
+        s.copy_to_host(&self.next, &mut out)?;
+        Ok(out[0])
+    }
+
+    /// Drops the graph (after its launches; its memory goes back to the pool) and frees the
+    /// buffers.
     fn free(self, a: &PoolPath<'s>) {
-        a.free(self.params);
+        drop(self.graph);
         a.free(self.next);
-        for b in [self.x, self.mid, self.h, self.q, self.k, self.v, self.scores, self.probs] {
-            a.free(b);
-        }
-        for b in [self.attn, self.o, self.gate, self.up, self.act, self.down, self.logits] {
-            a.free(b);
-        }
+        a.free(self.params);
     }
 }
 
@@ -84,33 +78,40 @@ fn position(params: &[u32]) -> usize {
     params[1] as usize
 }
 
-/// Enqueues one decode step on the capturing stream `s`, over `w` and `caches`.
-fn capture_step(
-    s: &Stream<'_>,
-    w: &mut Workspace<'_>,
-    caches: &mut [KvCache<PoolAlloc<'_, f32>>],
-) -> Result<()> {
-    s.launch_replayable("embed", &[KernelArg::read(&w.params), KernelArg::write(&mut w.x)], |b| {
+/// Enqueues one decode step on the capturing stream, allocating and freeing its activations
+/// as it goes; returns the output token's buffer.
+fn record_step<'s>(
+    a: &PoolPath<'s>,
+    params: &PoolAlloc<'s, u32>,
+    caches: &mut [KvCache<PoolAlloc<'s, f32>>],
+    capacity: usize,
+) -> Result<PoolAlloc<'s, u32>> {
+    let s = a.stream;
+    let mut x = a.alloc::<f32>(HIDDEN)?;
+    s.launch_replayable("embed", &[KernelArg::read(params), KernelArg::write(&mut x)], |b| {
         kernels::embed(b.read::<u32>(0)?[0], b.write(1)?);
         Ok(())
     })?;
     for (layer, cache) in caches.iter_mut().enumerate() {
-        rms_norm(s, &w.x, &mut w.h)?;
+        let mut h = a.alloc::<f32>(HIDDEN)?;
+        rms_norm(s, &x, &mut h)?;
         let salt = layer as f32 * 0.01;
+        let mut q = a.alloc::<f32>(HIDDEN)?;
+        let (mut k, mut v) = (a.alloc::<f32>(HIDDEN)?, a.alloc::<f32>(HIDDEN)?);
         let args = [
-            KernelArg::read(&w.h),
-            KernelArg::write(&mut w.q),
-            KernelArg::write(&mut w.k),
-            KernelArg::write(&mut w.v),
+            KernelArg::read(&h),
+            KernelArg::write(&mut q),
+            KernelArg::write(&mut k),
+            KernelArg::write(&mut v),
         ];
         s.launch_replayable("qkv_proj", &args, move |b| {
             kernels::qkv(b.read(0)?, b.write(1)?, b.write(2)?, b.write(3)?, salt);
             Ok(())
         })?;
         let args = [
-            KernelArg::read(&w.params),
-            KernelArg::read(&w.k),
-            KernelArg::read(&w.v),
+            KernelArg::read(params),
+            KernelArg::read(&k),
+            KernelArg::read(&v),
             KernelArg::write(&mut cache.k),
             KernelArg::write(&mut cache.v),
         ];
@@ -118,83 +119,94 @@ fn capture_step(
             let row = position(b.read(0)?);
             kernels::kv_append(b.read(1)?, b.read(2)?, b.write(3)?, b.write(4)?, row)
         })?;
+        a.free(k);
+        a.free(v);
+        let mut scores = a.alloc::<f32>(HEADS * capacity)?;
         let args = [
-            KernelArg::read(&w.params),
-            KernelArg::read(&w.q),
+            KernelArg::read(params),
+            KernelArg::read(&q),
             KernelArg::read(&cache.k),
-            KernelArg::write(&mut w.scores),
+            KernelArg::write(&mut scores),
         ];
         s.launch_replayable("scores", &args, |b| {
             let seq = position(b.read(0)?) + 1;
             kernels::scores(b.read(1)?, b.read(2)?, b.write(3)?, seq);
             Ok(())
         })?;
-        let args = [
-            KernelArg::read(&w.params),
-            KernelArg::read(&w.scores),
-            KernelArg::write(&mut w.probs),
-        ];
+        a.free(q);
+        let mut probs = a.alloc::<f32>(HEADS * capacity)?;
+        let args =
+            [KernelArg::read(params), KernelArg::read(&scores), KernelArg::write(&mut probs)];
         s.launch_replayable("softmax", &args, |b| {
             kernels::softmax(b.read(1)?, b.write(2)?, position(b.read(0)?) + 1);
             Ok(())
         })?;
+        a.free(scores);
+        let mut attn = a.alloc::<f32>(HIDDEN)?;
         let args = [
-            KernelArg::read(&w.params),
-            KernelArg::read(&w.probs),
+            KernelArg::read(params),
+            KernelArg::read(&probs),
             KernelArg::read(&cache.v),
-            KernelArg::write(&mut w.attn),
+            KernelArg::write(&mut attn),
         ];
         s.launch_replayable("attn_v", &args, |b| {
             let seq = position(b.read(0)?) + 1;
             kernels::attn_v(b.read(1)?, b.read(2)?, b.write(3)?, seq);
             Ok(())
         })?;
-        s.launch_replayable(
-            "o_proj",
-            &[KernelArg::read(&w.attn), KernelArg::write(&mut w.o)],
-            |b| {
-                kernels::o_proj(b.read(0)?, b.write(1)?);
-                Ok(())
-            },
-        )?;
-        add(s, &w.x, &w.o, &mut w.mid)?;
-        rms_norm(s, &w.mid, &mut w.h)?;
-        let args =
-            [KernelArg::read(&w.h), KernelArg::write(&mut w.gate), KernelArg::write(&mut w.up)];
+        a.free(probs);
+        let mut o = a.alloc::<f32>(HIDDEN)?;
+        s.launch_replayable("o_proj", &[KernelArg::read(&attn), KernelArg::write(&mut o)], |b| {
+            kernels::o_proj(b.read(0)?, b.write(1)?);
+            Ok(())
+        })?;
+        a.free(attn);
+        let mut mid = a.alloc::<f32>(HIDDEN)?;
+        add(s, &x, &o, &mut mid)?;
+        a.free(o);
+        rms_norm(s, &mid, &mut h)?;
+        let (mut gate, mut up) = (a.alloc::<f32>(FFN)?, a.alloc::<f32>(FFN)?);
+        let args = [KernelArg::read(&h), KernelArg::write(&mut gate), KernelArg::write(&mut up)];
         s.launch_replayable("gate_up", &args, |b| {
             kernels::gate_up(b.read(0)?, b.write(1)?, b.write(2)?);
             Ok(())
         })?;
-        let args = [KernelArg::read(&w.gate), KernelArg::read(&w.up), KernelArg::write(&mut w.act)];
+        a.free(h);
+        let mut act = a.alloc::<f32>(FFN)?;
+        let args = [KernelArg::read(&gate), KernelArg::read(&up), KernelArg::write(&mut act)];
         s.launch_replayable("silu_mul", &args, |b| {
             kernels::silu_mul(b.read(0)?, b.read(1)?, b.write(2)?);
             Ok(())
         })?;
-        s.launch_replayable(
-            "down",
-            &[KernelArg::read(&w.act), KernelArg::write(&mut w.down)],
-            |b| {
-                kernels::down(b.read(0)?, b.write(1)?);
-                Ok(())
-            },
-        )?;
-        add(s, &w.mid, &w.down, &mut w.x)?;
-    }
-    rms_norm(s, &w.x, &mut w.h)?;
-    s.launch_replayable(
-        "lm_head",
-        &[KernelArg::read(&w.h), KernelArg::write(&mut w.logits)],
-        |b| {
-            kernels::lm_head(b.read(0)?, b.write(1)?);
+        a.free(gate);
+        a.free(up);
+        let mut down = a.alloc::<f32>(HIDDEN)?;
+        s.launch_replayable("down", &[KernelArg::read(&act), KernelArg::write(&mut down)], |b| {
+            kernels::down(b.read(0)?, b.write(1)?);
             Ok(())
-        },
-    )?;
-    let args = [KernelArg::read(&w.logits), KernelArg::write(&mut w.next)];
+        })?;
+        a.free(act);
+        add(s, &mid, &down, &mut x)?;
+        a.free(mid);
+        a.free(down);
+    }
+    let mut h = a.alloc::<f32>(HIDDEN)?;
+    rms_norm(s, &x, &mut h)?;
+    a.free(x);
+    let mut logits = a.alloc::<f32>(VOCAB)?;
+    s.launch_replayable("lm_head", &[KernelArg::read(&h), KernelArg::write(&mut logits)], |b| {
+        kernels::lm_head(b.read(0)?, b.write(1)?);
+        Ok(())
+    })?;
+    a.free(h);
+    let mut next = a.alloc::<u32>(1)?;
+    let args = [KernelArg::read(&logits), KernelArg::write(&mut next)];
     s.launch_replayable("argmax", &args, |b| {
         b.write::<u32>(1)?[0] = kernels::argmax(b.read(0)?);
         Ok(())
     })?;
-    Ok(())
+    a.free(logits);
+    Ok(next)
 }
 
 fn rms_norm(s: &Stream<'_>, x: &PoolAlloc<'_, f32>, out: &mut PoolAlloc<'_, f32>) -> Result<()> {
@@ -247,60 +259,40 @@ pub(super) fn run_graph(npu: &Npu, steps: usize) -> Result<RunReport> {
     let dev = npu.device(0)?;
     let sim = npu.sim_device(0)?;
     let s = dev.create_stream()?;
-    let weights_pool =
-        MemPool::builder().max_size(WEIGHTS_POOL_MAX).segments_per_growth(1).build(&dev)?;
-    let acts_pool =
-        MemPool::builder().max_size(ACTIVATIONS_POOL_MAX).history(HISTORY_EVENTS).build(&dev)?;
-    println!("{LABEL}: loading the weights into the weights' pool");
-    let t = Instant::now();
-    let weights: Vec<PoolAlloc<'_, u16>> = weight_shapes()
-        .into_iter()
-        .map(|n| weights_pool.alloc_async(n, &s))
-        .collect::<soma::Result<_>>()?;
-    let weights_load = t.elapsed();
-    let path = PoolPath {
-        pool: &acts_pool,
-        stream: &s,
-        clock: Cell::new(Duration::ZERO),
-        live: Cell::new((0, 0)),
-    };
-    println!(
-        "{LABEL}: weights loaded in {} ms; allocating the prompt's KV caches",
-        weights_load.as_millis()
-    );
+    let pools = Pools::new(&dev)?;
+    let acts_pool = &pools.acts;
+    let (weights, weights_load) = pools.load_weights(LABEL, &s)?;
+    let path = pools.path(&s);
     let mut caches = prompt_caches(&path, &s)?;
     path.clock.set(Duration::ZERO);
     let calls0 = driver_calls(&sim);
     let every = steps.div_ceil(8).max(1);
     let (mut token, mut tokens, mut captures) = (1u32, Vec::with_capacity(steps), 0);
-    let mut step_graph: Option<(Workspace<'_>, Graph<'_>)> = None;
+    let (mut tasks, mut graph_memory) = (0, 0);
+    let mut step_graph: Option<StepGraph<'_>> = None;
     let t = Instant::now();
     for step in 0..steps {
         let ts = Instant::now();
         let pos = PROMPT + step;
         if pos + 1 > caches[0].capacity {
-            // The graph uses the caches and the workspace: it goes before them.
-            if let Some((w, graph)) = step_graph.take() {
-                drop(graph);
-                w.free(&path);
+            // The graph uses the caches: it goes before them (and its memory with it).
+            if let Some(g) = step_graph.take() {
+                g.free(&path);
             }
             grow(&path, &s, &mut caches)?;
         }
-        if step_graph.is_none() {
-            let mut w = Workspace::new(&path, caches[0].capacity)?;
-            s.begin_capture(CaptureMode::Global)?;
-            capture_step(&s, &mut w, &mut caches)?;
-            step_graph = Some((w, s.end_capture()?));
-            captures += 1;
-        }
-        let Some((w, graph)) = step_graph.as_mut() else {
-            return Err("the step's graph is missing".into());
+        let g = match &mut step_graph {
+            Some(g) => g,
+            slot @ None => {
+                let capacity = caches[0].capacity;
+                let g = slot.insert(StepGraph::capture(&path, &mut caches, capacity, None)?);
+                captures += 1;
+                tasks = g.graph.task_count();
+                graph_memory = acts_pool.stats().graph_reserved;
+                g
+            }
         };
-        s.copy_from_host(&mut w.params, &[token, pos as u32])?;
-        graph.launch(&s)?;
-        let mut out = [0u32; 1];
-        s.copy_to_host(&w.next, &mut out)?;
-        token = out[0];
+        token = g.launch(&s, token, pos)?;
         tokens.push(token);
         if step == 0 || (step + 1) % every == 0 || step + 1 == steps {
             let ms = ts.elapsed().as_secs_f64() * 1e3;
@@ -308,33 +300,66 @@ pub(super) fn run_graph(npu: &Npu, steps: usize) -> Result<RunReport> {
         }
     }
     let wall = t.elapsed();
-    let tasks = step_graph.as_ref().map_or(0, |(_, g)| g.task_count());
     let launch = sim.latency().launch;
     println!(
-        "{LABEL}: {captures} graph(s) captured, one per KV-cache bucket of {KV_BLOCK} tokens; \
-         {tasks} tasks per launch, whose launch cost the latency model charges once ({} µs) \
-         instead of per task ({:.2} ms a step on the eager path)",
+        "{LABEL}: {captures} graph(s) captured, one per KV-cache bucket of {KV_BLOCK} tokens, \
+         each allocating its activations inside the capture ({} of graph memory, reused from \
+         layer to layer); {tasks} tasks per launch, whose launch cost the latency model charges \
+         once ({} µs) instead of per task ({:.2} ms a step on the eager path)",
+        mib(graph_memory),
         launch.as_micros(),
         launch.as_secs_f64() * 1e3 * tasks as f64
     );
-    if let Some((w, graph)) = step_graph.take() {
-        drop(graph);
-        w.free(&path);
+    if let Some(g) = step_graph.take() {
+        g.free(&path);
     }
-    let stats = acts_pool.stats();
-    let report = RunReport {
-        name: "soma pool + graph",
-        steps,
-        tokens,
-        alloc_overhead: path.clock.get(),
-        driver_calls: driver_calls(&sim) - calls0,
-        reserved_high: stats.reserved_high,
-        used_high: stats.used_high,
-        wall,
-        weights_load,
-        history: acts_pool.history_log().unwrap_or_else(|| History::new(1)),
-    };
+    let run = RunFigures { tokens, driver_calls: driver_calls(&sim) - calls0, wall, weights_load };
+    let report = pools.report("soma pool + graph", &path, run);
+    compare_graph_memory(&path, &mut caches)?;
     drop(caches);
     drop(weights);
     Ok(report)
+}
+
+/// Captures the step for several buckets at once, as a server does before serving (the
+/// analogue here of PyTorch's graphs for several batch sizes), once with a region of graph
+/// memory per graph and once with one graph pool they share, and prints what the pool keeps
+/// for them each time. Each graph is launched once, at a position every bucket holds: they
+/// must all give the same token.
+fn compare_graph_memory<'s>(
+    a: &PoolPath<'s>,
+    caches: &mut [KvCache<PoolAlloc<'s, f32>>],
+) -> Result<()> {
+    const LABEL: &str = "graph memory";
+    let largest = caches[0].capacity;
+    let buckets: Vec<usize> =
+        (0..4).map(|i| largest - i * KV_BLOCK).filter(|&c| c >= KV_BLOCK).collect();
+    let pos = buckets[buckets.len() - 1] - 1;
+    let mut reserved = Vec::new();
+    for shared in [None, Some(a.pool.graph_pool())] {
+        // The largest first: with a graph pool, the smaller ones fit in what it freed.
+        let mut graphs = Vec::with_capacity(buckets.len());
+        for &capacity in &buckets {
+            graphs.push(StepGraph::capture(a, caches, capacity, shared.as_ref())?);
+        }
+        // One after another on one stream: the graphs of a graph pool never run concurrently.
+        let tokens: Vec<u32> =
+            graphs.iter_mut().map(|g| g.launch(a.stream, 1, pos)).collect::<Result<_>>()?;
+        if tokens.windows(2).any(|w| w[0] != w[1]) {
+            return Err(format!("{LABEL}: the buckets' graphs disagree: {tokens:?}").into());
+        }
+        reserved.push(a.pool.stats().graph_reserved);
+        for g in graphs {
+            g.free(a);
+        }
+    }
+    println!(
+        "{LABEL}: the step captured for {} buckets at once ({buckets:?} tokens) keeps {} in a \
+         region per graph, {} in one graph pool they share (captured largest first, launched \
+         one after another)",
+        buckets.len(),
+        mib(reserved[0]),
+        mib(reserved[1])
+    );
+    Ok(())
 }

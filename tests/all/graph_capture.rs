@@ -1,6 +1,7 @@
 //! Graph capture through the typed API, with pools: buffers allocated before the capture and
 //! reused by every launch, what pools and vector clocks learn (nothing) from captured work,
-//! what is refused while capturing, and the sanitizer's view of launches.
+//! what is refused while capturing, and the sanitizer's view of launches. Pool allocations
+//! made while capturing are in `graph_memory.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -100,22 +101,13 @@ fn captured_records_and_waits_teach_the_pool_no_ordering() {
 }
 
 #[test]
-fn pools_and_staged_copies_refuse_a_capturing_stream() {
+fn staged_copies_and_once_kernels_refuse_a_capturing_stream() {
     let npu = npu();
     let dev = device_of(&npu);
     let s = dev.create_stream().unwrap();
-    let pool = MemPool::builder().max_size(64 << 20).raw_pointers(true).build(&dev).unwrap();
+    let pool = MemPool::builder().max_size(64 << 20).build(&dev).unwrap();
     let mut x = pool.alloc_async::<u32>(16, &s).unwrap();
-    let (raw, _) = pool.alloc_raw(4096, &s).unwrap();
     s.begin_capture(CaptureMode::Global).unwrap();
-    let e = pool.alloc_async::<u32>(16, &s).unwrap_err();
-    assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
-    assert!(e.to_string().contains("pool allocation"), "{e}");
-    assert_eq!(
-        capture_kind(&pool.alloc_raw(4096, &s).unwrap_err()),
-        CaptureErrorKind::NotCapturable
-    );
-    assert_eq!(capture_kind(&pool.free_raw(raw, &s).unwrap_err()), CaptureErrorKind::NotCapturable);
     let e = s.copy_from_host(&mut x, &[1; 16]).unwrap_err();
     assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
     let mut host = [0u32; 16];
@@ -123,15 +115,9 @@ fn pools_and_staged_copies_refuse_a_capturing_stream() {
     assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
     let e = s.launch("once", &[KernelArg::write(&mut x)], |_| Ok(())).unwrap_err();
     assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
-    // A free made while capturing is refused too; a drop reports it at the pool's next call.
-    drop(x);
     assert_eq!(s.capture_info().unwrap().status, CaptureStatus::Active, "nothing invalidated");
     assert_eq!(s.end_capture().unwrap().task_count(), 0);
-    let e = pool.alloc_async::<u32>(16, &s).unwrap_err();
-    assert_eq!(capture_kind(&e), CaptureErrorKind::NotCapturable);
-    assert!(e.to_string().contains("pool free"), "{e}");
-    pool.alloc_async::<u32>(16, &s).unwrap();
-    pool.free_raw(raw, &s).unwrap();
+    s.copy_from_host(&mut x, &[1; 16]).unwrap();
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod driver_alloc;
 mod faults;
 mod foreign_work;
 mod graph_capture;
+mod graph_memory;
 mod host_transfers;
 mod ipc;
 mod observe;

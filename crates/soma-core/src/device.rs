@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::hal::{DeviceHal, DeviceInfo, MemInfo, StreamHal};
 use crate::pool::deferred::DeferredReleases;
+use crate::pool::ActiveCaptures;
 use crate::stream::Stream;
 use slots::{Progress, Slots};
 
@@ -74,6 +75,10 @@ pub(crate) trait StreamEventListener: Send + Sync {
     /// The host synchronised with a stream, an event or the whole device: frees it covered
     /// are host-observed now.
     fn host_synchronized(&self);
+
+    /// The last holder of the graph memory token `key` went (a graph, a graph pool, or a
+    /// capture that ended without a graph): the memory kept for it may go back to the pools.
+    fn graph_memory_released(&self, key: u64);
 }
 
 pub(crate) struct DeviceShared {
@@ -84,6 +89,8 @@ pub(crate) struct DeviceShared {
     pub(crate) default_pool: Mutex<crate::pool::DefaultPool>,
     /// Memory of dropped pools that work may still use, released once it has completed.
     pub(crate) deferred: DeferredReleases,
+    /// The captures begun through the typed API and not ended, with their graph memory.
+    pub(crate) captures: ActiveCaptures,
 }
 
 impl Drop for DeviceShared {
@@ -134,6 +141,14 @@ impl DeviceShared {
         self.deferred.release_complete(self);
     }
 
+    /// Tells every pool that the graph memory token `key` is gone, so that they release what
+    /// they kept for it.
+    pub(crate) fn graph_memory_released(&self, key: u64) {
+        for listener in self.live_listeners() {
+            listener.graph_memory_released(key);
+        }
+    }
+
     /// [`Error::TooManyStreams`] when every stream slot is taken (checked before the backend
     /// creates a stream, whose own limit would report something less clear).
     pub(crate) fn check_stream_room(&self) -> Result<()> {
@@ -163,6 +178,7 @@ impl Device {
             listeners: Mutex::new(Vec::new()),
             default_pool: Mutex::new(crate::pool::DefaultPool::default()),
             deferred: DeferredReleases::default(),
+            captures: ActiveCaptures::default(),
         });
         let owner = Some(Arc::new(DeviceOwner(Arc::downgrade(&shared))));
         Device { shared, _owner: owner }

@@ -14,11 +14,24 @@
 //! task of its stream and teaches the layer nothing either: its waits are ordering the pools
 //! do not see, which only costs them reuse opportunities.
 //!
-//! Buffer uses by captured work are not recorded with their pools either: memory a graph
-//! uses must stay allocated until the graph is dropped (as CANN requires of a model's
-//! memory), and ordering a launch on another stream after the allocation is the caller's
-//! job (the sanitizer reports a launch that is not). Pools refuse to allocate or free on a
-//! capturing stream ([`CaptureErrorKind::NotCapturable`]).
+//! Buffer uses by captured work are not recorded with their pools either — except a use by
+//! one stream of a capture of an allocation of another stream of the same capture, recorded
+//! with captured events so that a free inside the capture is ordered after it in the graph:
+//! memory a graph uses must stay allocated until the graph is dropped (as CANN requires of a
+//! model's memory), and ordering a launch on another stream after the allocation is the
+//! caller's job (the sanitizer reports a launch that is not).
+//!
+//! # Graph memory
+//!
+//! Pools allocate and free on a capturing stream from graph-private memory (see the pool's
+//! `graph_region.rs` and [`GraphPool`]): the allocation is served at capture time and stays
+//! the graph's while the graph lives, so launches make no allocator call. Each capture begun
+//! here is listed with the device (the pool's `ActiveCaptures`) with the token that keeps
+//! that memory; streams that join the capture find it by the capture's id.
+//! The [`Graph`] takes the token over (and drops it after its launches have completed); a
+//! capture that ends without a graph drops it at once.
+
+use std::sync::Arc;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -26,6 +39,7 @@ use crate::hal::{
     CaptureErrorKind, CaptureInfo, CaptureMode, DriverError, GraphHal, KernelBuffers, KernelError,
     ReplayableKernel, StreamHal,
 };
+use crate::pool::{CaptureMemory, GraphPool};
 use crate::stream::{KernelArg, Stream};
 
 /// A captured graph of one device: the work recorded between [`Stream::begin_capture`] and
@@ -60,6 +74,9 @@ pub struct Graph<'d> {
     device: Device,
     _device: std::marker::PhantomData<&'d Device>,
     hal: Box<dyn GraphHal>,
+    /// The graph memory of its capture; dropped after `hal` (fields drop in order), whose
+    /// drop waits for the launches: only then may the pools take the memory back.
+    _memory: Option<Arc<CaptureMemory>>,
 }
 
 impl<'d> Graph<'d> {
@@ -107,23 +124,68 @@ impl<'d> Stream<'d> {
     /// does not run; [`end_capture`](Self::end_capture) returns it as a [`Graph`]. `mode`
     /// says which threads may still make synchronous copies and memsets ([`CaptureMode`]).
     ///
+    /// Pool allocations and frees on the capture's streams are served from memory kept for
+    /// the graph, one region per pool that allocates, while the graph lives (see
+    /// [`GraphPool`]; [`begin_capture_with_pool`](Self::begin_capture_with_pool) shares it
+    /// between graphs).
+    ///
     /// # Errors
     /// The stream is already capturing, or the backend has no graph capture.
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        self.begin_capture_in(mode, None)
+    }
+
+    /// As [`begin_capture`](Self::begin_capture), with the allocations the capture makes from
+    /// `pool`'s own [`MemPool`](crate::MemPool) served from the graph pool's memory, which
+    /// every graph captured into it shares (PyTorch's `graph_pool_handle()`). The graphs of
+    /// one graph pool must never run concurrently (see [`GraphPool`]).
+    ///
+    /// # Errors
+    /// As [`begin_capture`](Self::begin_capture); a graph pool of another device.
+    pub fn begin_capture_with_pool(&self, mode: CaptureMode, pool: &GraphPool) -> Result<()> {
+        if !pool.is_of(&self.device().shared) {
+            return Err(Error::WrongDevice(format!(
+                "graph pool {} belongs to another device than stream {}",
+                pool.id(),
+                self.id()
+            )));
+        }
+        self.begin_capture_in(mode, Some(pool))
+    }
+
+    fn begin_capture_in(&self, mode: CaptureMode, pool: Option<&GraphPool>) -> Result<()> {
         self.set_flag(crate::stream::CAPTURED);
-        Ok(self.hal().begin_capture(mode)?)
+        self.hal().begin_capture(mode)?;
+        let shared = &self.device().shared;
+        // No capture id: it ended at once, and there is nothing to keep memory for.
+        if let Some(capture) = self.hal().capture_info()?.capture {
+            shared.captures.begin(shared, capture, self.slot(), pool);
+        }
+        Ok(())
     }
 
     /// Ends the capture begun on this stream and returns its graph (`aclmdlRICaptureEnd`).
-    /// Every stream that joined the capture leaves it.
+    /// Every stream that joined the capture leaves it. The graph keeps the memory its
+    /// capture allocated from pools; a capture that ends without a graph gives it back.
     ///
     /// # Errors
     /// The stream is not capturing, joined the capture rather than began it, or was begun on
     /// another thread in a mode other than relaxed; streams that joined did not rejoin it;
     /// the capture was invalidated by a forbidden call.
     pub fn end_capture(&self) -> Result<Graph<'d>> {
-        let hal = self.hal().end_capture()?;
-        Ok(Graph { device: self.device().clone(), _device: std::marker::PhantomData, hal })
+        let capture = self.hal().capture_info()?.capture;
+        let result = self.hal().end_capture();
+        let captures = &self.device().shared.captures;
+        let ended = self.hal().capture_info().map_or(true, |i| i.capture != capture);
+        // Taken off the list only once the capture has ended: a refused end leaves it going.
+        let memory = capture.filter(|_| ended).and_then(|c| captures.end(c));
+        let hal = result?;
+        Ok(Graph {
+            device: self.device().clone(),
+            _device: std::marker::PhantomData,
+            hal,
+            _memory: memory,
+        })
     }
 
     /// The stream's capture state (`aclmdlRICaptureGetInfo`).
@@ -211,6 +273,14 @@ impl<'d> Stream<'d> {
     pub fn host_fn_replayable(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
         Ok(self.hal().host_fn_replayable(std::sync::Arc::new(f))?)
     }
+}
+
+/// The capture `stream` records into, if any (one atomic load when it is not capturing).
+pub(crate) fn capture_of(stream: &dyn StreamHal) -> Option<u64> {
+    if stream.capture_epoch() % 2 == 0 {
+        return None;
+    }
+    stream.capture_info().ok().and_then(|info| info.capture)
 }
 
 /// [`CaptureErrorKind::NotCapturable`] when `stream` is capturing: `what`, which would

@@ -44,8 +44,9 @@ pub use host::{HostBuffer, HostTransfer};
 pub use owned::OwnedStream;
 pub use pool::attr;
 pub use pool::{
-    ExportedPointer, HandleType, ImportedAlloc, ImportedPool, MemPool, MemPoolBuilder, OomAction,
-    OomHook, OwnedAlloc, OwnedPool, PoolAlloc, PoolDescriptor, PoolStats, ReuseCounts, ReusePolicy,
+    ExportedPointer, GraphMemoryOwner, GraphMemoryStats, GraphPool, HandleType, ImportedAlloc,
+    ImportedPool, MemPool, MemPoolBuilder, OomAction, OomHook, OwnedAlloc, OwnedPool, PoolAlloc,
+    PoolDescriptor, PoolStats, ReuseCounts, ReusePolicy,
 };
 pub use stream::{KernelArg, Stream};
 pub use view::{SplitMut, View, ViewMut};

@@ -23,6 +23,12 @@ pub(crate) const FOREIGN_WORK: u8 = 1 << 0;
 /// A stream flag: the stream began or joined a capture at some point (see the `graph`
 /// module); until then the pool's capture checks cost one load, not a backend call.
 pub(crate) const CAPTURED: u8 = 1 << 1;
+/// A stream flag: an allocation was handed off to this stream from one with [`CAPTURED`] or
+/// this flag, so frees on it may be of memory a graph holds (see the pool's
+/// `graph_region.rs`).
+pub(crate) const GRAPH_BLOCKS: u8 = 1 << 2;
+/// The flags under which a free may concern graph memory and takes the slow path.
+pub(crate) const GRAPH_PATH: u8 = CAPTURED | GRAPH_BLOCKS;
 
 /// A stream of a device: work enqueued on it executes in order, asynchronously to the host.
 ///
@@ -39,8 +45,8 @@ pub struct Stream<'d> {
     base: u64,
     /// What this stream's future work is ordered after, learnt from event waits.
     clock: Mutex<VectorClock>,
-    /// [`FOREIGN_WORK`] and [`CAPTURED`]: what makes a free on this stream take the slow
-    /// path. One byte, so that the pool's free reads both with one load.
+    /// [`FOREIGN_WORK`], [`CAPTURED`] and [`GRAPH_BLOCKS`]: what makes a free on this stream
+    /// take the slow path. One byte, so that the pool's free reads them with one load.
     flags: AtomicU8,
     /// The device's default pool, once this stream allocated from it (`alloc_async`).
     pub(crate) default_pool: OnceLock<crate::pool::OwnedPool>,
@@ -120,8 +126,8 @@ impl<'d> Stream<'d> {
         (local, self.base + local)
     }
 
-    /// What makes a free on this stream take the slow path ([`FOREIGN_WORK`], [`CAPTURED`]);
-    /// 0 for almost every stream.
+    /// What makes a free on this stream take the slow path ([`FOREIGN_WORK`], [`CAPTURED`],
+    /// [`GRAPH_BLOCKS`]); 0 for almost every stream.
     #[inline(always)]
     pub(crate) fn flags(&self) -> u8 {
         self.flags.load(Ordering::Relaxed)
@@ -397,13 +403,10 @@ impl<'d> Stream<'d> {
     }
 
     /// Records a use of `buffer` by work about to be enqueued here (checks its device: this
-    /// stream's, or a peer's it has access to).
+    /// stream's, or a peer's it has access to). A use by captured work is recorded only
+    /// within the capture the buffer's own stream records into (see the `graph` module).
     pub(crate) fn note_use(&self, buffer: &dyn BufferOwner) -> Result<()> {
         self.check_access(buffer.device(), "the buffer")?;
-        if self.capture_id().is_some() {
-            // Captured work runs at launches, not now: see the `graph` module.
-            return Ok(());
-        }
         buffer.record_use(self)
     }
 
@@ -645,6 +648,11 @@ impl<'d> Stream<'d> {
 
 impl Drop for Stream<'_> {
     fn drop(&mut self) {
+        if self.flags() & CAPTURED != 0 {
+            // Dropping the stream ends the captures begun on it, without a graph: their
+            // graph memory goes.
+            drop(self.device.shared.captures.end_all_of(self.slot));
+        }
         // Drain: frees made on this stream must be complete before its slot is recycled.
         // A sticky error cannot be reported from here; the queue has drained regardless.
         let _ = self.hal.synchronize();

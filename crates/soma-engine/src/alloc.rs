@@ -350,6 +350,9 @@ impl Engine {
     /// stream (keeping the larger `pos`), with never-used ones, and with settled ones freed by
     /// its stream or while its stream is the only one freeing since the last settle.
     ///
+    /// `tag.stream` must not be a private slot ([`Engine::set_private_slots`]): frees there
+    /// go through [`Engine::free_private`].
+    ///
     /// # Errors
     ///
     /// [`FreeError::UnknownBlock`] for an id that names no block (stale or foreign),
@@ -360,6 +363,32 @@ impl Engine {
     /// O(1).
     #[inline]
     pub fn free(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
+        debug_assert!(tag.stream < self.private_from, "a free onto private slot {}", tag.stream);
+        self.free_in::<false>(block, tag)
+    }
+
+    /// [`Engine::free`] onto a private slot ([`Engine::set_private_slots`]): the block
+    /// coalesces only with free blocks of the same slot.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::free`].
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    pub fn free_private(&mut self, block: BlockId, tag: FreeTag) -> Result<(), FreeError> {
+        self.free_in::<true>(block, tag)
+    }
+
+    /// [`Engine::free`], coalescing by the rule of private slots when `PRIVATE` (see
+    /// [`Engine::coalescable`]).
+    #[inline(always)]
+    fn free_in<const PRIVATE: bool>(
+        &mut self,
+        block: BlockId,
+        tag: FreeTag,
+    ) -> Result<(), FreeError> {
         let idx = self.resolve(block).ok_or(FreeError::UnknownBlock)?;
         let b = &mut self.slab.blocks[idx as usize];
         if b.kind != Kind::Live {
@@ -380,7 +409,7 @@ impl Engine {
         self.stats.used -= size;
         self.stats.live_blocks -= 1;
         self.stats.frees += 1;
-        self.coalesce_and_index(idx);
+        self.coalesce_and_index::<PRIVATE>(idx);
         Ok(())
     }
 

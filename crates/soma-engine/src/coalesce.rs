@@ -25,22 +25,37 @@ pub(crate) fn index_slot(tagged: bool, stream: StreamSlot) -> usize {
 }
 
 /// Whether free blocks `a` and `b` always merge: one of them never used, both untagged (never
-/// used or settled), or the same stream. A settled block and another stream's tagged block
-/// merge only while that stream is the only one freeing (see [`Engine::coalescable`]).
+/// used or settled), or the same stream — a block of a private slot (`private` and up) only
+/// with the same slot's. A settled block and another stream's tagged block merge only while
+/// that stream is the only one freeing (see [`Engine::coalescable`]).
 #[inline]
-fn mergeable(a: &Block, b: &Block) -> bool {
-    a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, NIL)
+fn mergeable(a: &Block, b: &Block, private: StreamSlot) -> bool {
+    a.kind == Kind::Free && b.kind == Kind::Free && tags_merge::<true>(a, b, NIL, private)
 }
 
 /// The tag part of [`mergeable`] for two free blocks, a settled block also merging with the
-/// tagged blocks of stream `solo` (pass [`NIL`], no stream slot, for none).
+/// tagged blocks of stream `solo` (pass [`NIL`], no stream slot, for none). With `PRIVATE`, a
+/// tagged block of a slot from `private` up merges with no untagged block; without, the
+/// caller knows that neither block is of a private slot (or that the only tagged one's
+/// neighbours are tagged too).
 #[inline(always)]
-fn tags_merge(a: &Block, b: &Block, solo: StreamSlot) -> bool {
+fn tags_merge<const PRIVATE: bool>(
+    a: &Block,
+    b: &Block,
+    solo: StreamSlot,
+    private: StreamSlot,
+) -> bool {
     match (a.tagged, b.tagged) {
         (true, true) => a.stream == b.stream,
         (false, false) => true,
-        (false, true) => !a.settled || a.stream == b.stream || b.stream == solo,
-        (true, false) => !b.settled || a.stream == b.stream || a.stream == solo,
+        (false, true) => {
+            (!PRIVATE || b.stream < private)
+                && (!a.settled || a.stream == b.stream || b.stream == solo)
+        }
+        (true, false) => {
+            (!PRIVATE || a.stream < private)
+                && (!b.settled || a.stream == b.stream || a.stream == solo)
+        }
     }
 }
 
@@ -81,6 +96,9 @@ impl Engine {
     fn create_index(&mut self, slot: usize) {
         if slot >= self.indexes.len() {
             self.indexes.resize_with(slot + 1, || None);
+        }
+        if slot <= self.private_from as usize {
+            self.stream_span = self.stream_span.max(slot + 1);
         }
         self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
     }
@@ -170,7 +188,7 @@ impl Engine {
     /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
     #[inline]
     pub(crate) fn mergeable(&self, a: u32, b: u32) -> bool {
-        mergeable(&self.slab.blocks[a as usize], &self.slab.blocks[b as usize])
+        mergeable(&self.slab.blocks[a as usize], &self.slab.blocks[b as usize], self.private_from)
     }
 
     /// Whether free blocks `a` and `b` merge now: when they always do ([`mergeable`]), and
@@ -180,9 +198,31 @@ impl Engine {
     /// on one stream; while several free, settled memory stays apart, because merged into one
     /// stream's block it would wait for that stream's latest free before the others could
     /// use it again.
+    ///
+    /// `PRIVATE` applies the rule of private slots ([`Engine::set_private_slots`]); only
+    /// [`Engine::free`] goes without it: the block it frees is of a stream slot, and its
+    /// neighbours merge with it by the same rule as without private slots.
     #[inline(always)]
-    pub(crate) fn coalescable(&self, a: &Block, b: &Block) -> bool {
-        a.kind == Kind::Free && b.kind == Kind::Free && tags_merge(a, b, self.solo_freer)
+    pub(crate) fn coalescable<const PRIVATE: bool>(&self, a: &Block, b: &Block) -> bool {
+        a.kind == Kind::Free
+            && b.kind == Kind::Free
+            && tags_merge::<PRIVATE>(a, b, self.solo_freer, self.private_from)
+    }
+
+    /// Makes the stream slots from `from` up *private*: what is freed on such a slot serves
+    /// requests of that slot only — no other stream's under any rule (rule 4 included), and
+    /// it is never pending for another stream ([`Engine::pending_frees`]) — and merges with
+    /// free blocks of the same slot only, never with untagged (never used or settled)
+    /// memory beside it, so that what is cached on such a slot is exactly what was freed
+    /// there. soma's pools keep the memory of captured graphs on such slots (slots past the
+    /// device's streams), which no other stream may use while the graph lives: merged with
+    /// untagged memory, they would take that memory from every stream until then. Settling
+    /// a private slot's frees (its bound passed them) untags them as any other, and makes
+    /// them any stream's. None by default.
+    pub fn set_private_slots(&mut self, from: StreamSlot) {
+        self.private_from = from;
+        let below = (1..self.indexes.len()).filter(|&s| s <= from as usize);
+        self.stream_span = below.filter(|&s| self.indexes[s].is_some()).max().unwrap_or(0) + 1;
     }
 
     /// Gives `into` the tag of the merge of `into` and `other` (same stream: larger `pos`;
@@ -216,22 +256,22 @@ impl Engine {
     /// O(1).
     #[inline(never)]
     pub(crate) fn insert_free_coalesce(&mut self, idx: u32) -> u32 {
-        self.coalesce_and_index(idx)
+        self.coalesce_and_index::<true>(idx)
     }
 
     /// [`Engine::insert_free_coalesce`], inlined: for [`Engine::free`], which every free
-    /// runs through.
+    /// runs through (`PRIVATE`: see [`Engine::coalescable`]).
     #[inline(always)]
-    pub(crate) fn coalesce_and_index(&mut self, idx: u32) -> u32 {
+    pub(crate) fn coalesce_and_index<const PRIVATE: bool>(&mut self, idx: u32) -> u32 {
         let blocks = &self.slab.blocks;
         let b = &blocks[idx as usize];
         let (p, n) = (b.prev, b.next);
-        let merge_p = p != NIL && self.coalescable(&blocks[p as usize], b);
+        let merge_p = p != NIL && self.coalescable::<PRIVATE>(&blocks[p as usize], b);
         // An untagged block between free blocks of two streams merges with one of them only
         // (blocks of different streams never merge).
         let merge_n = n != NIL
-            && self.coalescable(b, &blocks[n as usize])
-            && (!merge_p || self.coalescable(&blocks[p as usize], &blocks[n as usize]));
+            && self.coalescable::<PRIVATE>(b, &blocks[n as usize])
+            && (!merge_p || self.coalescable::<PRIVATE>(&blocks[p as usize], &blocks[n as usize]));
         // A settled block merged into a tagged one gives it the tagged block's stream, with
         // which the block beyond it may merge now (see `Engine::coalescable`): look again.
         let settled_in = b.settled
@@ -412,7 +452,8 @@ impl Engine {
 
     /// [`Engine::settle`] for the frees the device has completed as well, when `order`
     /// allows the opportunistic rule (rule 3): every stream may take such a block under that
-    /// rule, so it need not stay apart from the free blocks of other streams either. Called
+    /// rule, so it need not stay apart from the free blocks of other streams either (a
+    /// private slot's frees settle as by [`Engine::settle`] only). Called
     /// when `requester` takes another stream's border block under that rule (streams used in
     /// turn): the frees of the stream before it merge again, and `requester`'s frees next to
     /// them merge with them (it is the only stream freeing since), so memory several streams
@@ -431,12 +472,16 @@ impl Engine {
     /// [`Engine::settle_completed`] (below the completed bounds too, except `requester`'s
     /// frees, whose eligibility `order` does not give).
     fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) {
-        // Below `bound`, a block freed at or above `observed` settles on completion.
+        // Below `bound`, a block freed at or above `observed` settles on completion. A private
+        // slot's frees serve that slot only, whatever completed: the host settles them.
+        let private_from = self.private_from;
         let bounds = |stream: StreamSlot| {
             let e = order.eligibility(stream);
             match requester {
-                None => (e.host_observed, e.host_observed),
-                Some(_) => (e.host_observed.max(e.completed), e.host_observed),
+                Some(_) if stream < private_from => {
+                    (e.host_observed.max(e.completed), e.host_observed)
+                }
+                _ => (e.host_observed, e.host_observed),
             }
         };
         self.solo_freer = NO_FREER;

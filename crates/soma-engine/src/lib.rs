@@ -19,7 +19,8 @@
 //!   or when one was never used (the result takes the other's tag); a settled block joins
 //!   another stream's tagged block only while that stream is the only one freeing since the
 //!   last settle. Tagged blocks of different streams never merge, nothing merges across
-//!   unmapped space.
+//!   unmapped space; the blocks of a *private* slot ([`Engine::set_private_slots`]) merge
+//!   only with blocks of the same slot.
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
 //!   stream slot that has freed memory, created lazily on that stream's first free, plus one
 //!   for untagged memory. O(1) insert / remove / class search. Every free block is in the
@@ -298,6 +299,10 @@ pub struct Engine {
     /// block when it ends there (one compare on every free, instead of reading the block
     /// after it).
     border_end: u64,
+    /// One past the last entry of `indexes` that belongs to a stream slot below the private
+    /// ones: what the searches over other streams scan (private slots, numbered past every
+    /// stream, would otherwise make them scan the empty entries of the streams between).
+    stream_span: usize,
     /// Unmapped blocks by offset.
     holes: BTreeMap<u64, u32>,
     /// Mapped segments by offset.
@@ -345,6 +350,8 @@ pub struct Engine {
     /// The only stream that freed since the last [`Engine::settle`], `NO_FREER` or
     /// `SEVERAL_FREERS` (see `Engine::coalescable`).
     solo_freer: StreamSlot,
+    /// The first private stream slot (see [`Engine::set_private_slots`]).
+    private_from: StreamSlot,
 }
 
 impl std::fmt::Debug for Engine {
@@ -387,6 +394,7 @@ impl Engine {
             border: block::NIL,
             border_bytes: (0, 0),
             border_end: 0,
+            stream_span: 1,
             holes,
             segments: BTreeMap::new(),
             bounds: bounds::Boundaries::default(),
@@ -407,6 +415,7 @@ impl Engine {
             dependency_first: false,
             settled_below: Vec::new(),
             solo_freer: NO_FREER,
+            private_from: StreamSlot::MAX,
         })
     }
 }

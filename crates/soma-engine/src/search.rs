@@ -56,6 +56,9 @@ impl Engine {
             Some(untagged_kind(b, stream))
         } else if b.stream == stream {
             Some(Some(ReuseKind::SameStream))
+        } else if b.stream >= self.private_from {
+            // A private slot's blocks serve that slot only (`Engine::set_private_slots`).
+            None
         } else {
             kind_for(b.pos, &order.eligibility(b.stream)).map(Some)
         }
@@ -199,7 +202,8 @@ impl Engine {
             (None, None) => {}
         }
         let mut best: Option<(u32, u64, ReuseKind)> = None;
-        for slot in 1..self.indexes.len() {
+        // Private slots' blocks serve their own slot only.
+        for slot in 1..self.stream_span {
             if slot == own_slot {
                 continue;
             }
@@ -260,7 +264,7 @@ impl Engine {
     }
 
     /// Step 4: best fit among other streams' indexed blocks regardless of eligibility, else
-    /// another stream's border block.
+    /// another stream's border block (never a private slot's).
     pub(crate) fn find_internal_dependency(
         &self,
         size: u64,
@@ -269,7 +273,7 @@ impl Engine {
     ) -> Option<(u32, FreeTag)> {
         let own_slot = index_slot(true, stream);
         let mut best: Option<(u32, u64)> = None;
-        for slot in 1..self.indexes.len() {
+        for slot in 1..self.stream_span {
             if slot == own_slot {
                 continue;
             }
@@ -284,7 +288,8 @@ impl Engine {
         if best.is_none() {
             best = self.border_block().and_then(|p| {
                 let b = &self.slab.blocks[p as usize];
-                (b.tagged && b.stream != stream && fits(b, size, align)).then_some((p, b.size))
+                let other = b.tagged && b.stream != stream && b.stream < self.private_from;
+                (other && fits(b, size, align)).then_some((p, b.size))
             });
         }
         best.map(|(i, _)| {
@@ -364,7 +369,8 @@ impl Engine {
     }
 
     /// The frees of other streams than `stream` that no rule lets it reuse yet, by stream
-    /// (what waiting for those streams would make reusable).
+    /// (what waiting for those streams would make reusable; not a private slot's, which no
+    /// wait makes reusable).
     ///
     /// # Time Complexity
     ///
@@ -376,7 +382,7 @@ impl Engine {
     ) -> SmallVec<[PendingFrees; 4]> {
         let own_slot = index_slot(true, stream);
         let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
-        for slot in 1..self.indexes.len() {
+        for slot in 1..self.stream_span {
             // A stream's index exists once it freed (border blocks are in none, see
             // `Engine::insert_free`).
             if slot == own_slot || self.indexes[slot].is_none() {

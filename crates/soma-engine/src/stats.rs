@@ -94,6 +94,15 @@ impl Engine {
         self.stats.reserved
     }
 
+    /// Free bytes cached on stream slot `slot` (tagged with it), the border block's included;
+    /// O(1).
+    pub fn cached_bytes(&self, slot: StreamSlot) -> u64 {
+        let ix = self.indexes.get(slot as usize + 1).and_then(|ix| ix.as_deref());
+        let border = self.border_block().map(|p| &self.slab.blocks[p as usize]);
+        let in_border = border.filter(|b| b.tagged && b.stream == slot).map_or(0, |b| b.size);
+        ix.map_or(0, |ix| ix.bytes) + in_border
+    }
+
     /// The stream slots that have freed memory here (ever), in slot order.
     pub fn freeing_streams(&self) -> impl Iterator<Item = StreamSlot> + '_ {
         let slots = self.indexes.iter().enumerate().skip(1);

@@ -684,7 +684,11 @@ impl DeviceHal for SimDevice {
     fn annotate(&self, annotation: PoolAnnotation) {
         let Some(san) = &self.core.sanitizer else { return };
         let ptr = match annotation {
-            PoolAnnotation::Alloc { ptr, .. } | PoolAnnotation::Free { ptr, .. } => ptr.addr(),
+            PoolAnnotation::Alloc { ptr, .. }
+            | PoolAnnotation::Free { ptr, .. }
+            | PoolAnnotation::GraphAlloc { ptr, .. }
+            | PoolAnnotation::GraphFree { ptr, .. } => ptr.addr(),
+            PoolAnnotation::GraphRelease { .. } => 0,
         };
         let range = {
             let st = self.core.state.lock();

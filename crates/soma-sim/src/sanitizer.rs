@@ -39,6 +39,17 @@
 //!   did; its uses are dropped (every later free is ordered after them); and its entries
 //!   leave every clock the sanitizer keeps, so that creating and dropping streams costs
 //!   neither memory nor time that grows with the number of streams ever made.
+//! * **Graph memory.** A pool allocation made while capturing (`GraphAlloc`) is a *graph*
+//!   generation: the launches of its graphs run its captured tasks at their own positions,
+//!   long after the capture, so it stays valid for every launch until its region is released
+//!   (`GraphRelease`), whatever the captures freed (`GraphFree`: the block went back to the
+//!   region, which reuses it for later captured allocations — graph generations of one region
+//!   may overlap). Work other than launches may use it from its allocation point until it
+//!   went back; a use enqueued afterwards is a use after free. A task's access is attributed
+//!   to the newest graph generation that covers it whole. At the release, the generations
+//!   that went back are freed (every task enqueued afterwards comes after the free), the
+//!   others become ordinary allocations. Launches record no uses on graph generations: the
+//!   graph's drop waits for its launches before the release.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Weak};
@@ -58,6 +69,7 @@ pub use report::{AllocationInfo, ReportKind, SanitizerReport, StreamPoint};
 mod annotations;
 mod check;
 mod clock;
+mod graph_memory;
 mod output;
 mod report;
 mod streams;
@@ -154,6 +166,8 @@ struct FreeInfo {
 
 struct Gen {
     pool: Option<u64>,
+    /// For a graph generation (see the module docs): its region, and when it went back.
+    graph: Option<GraphMark>,
     ptr: u64,
     size: u64,
     alloc: Point,
@@ -165,9 +179,31 @@ struct Gen {
     uses: SmallVec<[(u64, u64, &'static str); 2]>,
 }
 
+/// What a graph generation knows of its region.
+#[derive(Clone, Copy, Debug)]
+struct GraphMark {
+    /// The region's key.
+    region: u64,
+    /// Sequence number at which the block went back to the region.
+    returned: Option<u64>,
+}
+
+/// Which map of the state holds a generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Map {
+    Live,
+    Freed,
+    Graph,
+}
+
 impl Gen {
     fn contains(&self, addr: u64) -> bool {
         self.ptr <= addr && addr - self.ptr < self.size
+    }
+
+    /// Whether `[addr, addr + len)` lies inside the generation.
+    fn covers(&self, addr: u64, len: u64) -> bool {
+        self.contains(addr) && addr.saturating_add(len) <= self.ptr.saturating_add(self.size)
     }
 
     fn info(&self) -> AllocationInfo {
@@ -202,6 +238,9 @@ struct State {
     live: BTreeMap<(u64, u64), Gen>,
     freed: BTreeMap<(u64, u64), Gen>,
     freed_max_size: u64,
+    /// Graph generations (live or gone back to their region), by (address, id).
+    graph: BTreeMap<(u64, u64), Gen>,
+    graph_max_size: u64,
     prune_at: usize,
     /// Dropped streams not forgotten yet, forgotten together when there are `forget_at`.
     dropped: Vec<DroppedStream>,
@@ -291,10 +330,10 @@ impl Sanitizer {
         self.poison.is_some()
     }
 
-    /// Live and freed generations tracked (diagnostics).
+    /// Live (graph generations included) and freed generations tracked (diagnostics).
     pub(crate) fn generations(&self) -> (usize, usize) {
         let st = self.state.lock();
-        (st.live.len(), st.freed.len())
+        (st.live.len() + st.graph.len(), st.freed.len())
     }
 
     pub(crate) fn reports(&self) -> Vec<SanitizerReport> {

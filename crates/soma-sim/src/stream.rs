@@ -491,16 +491,17 @@ pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs the sanitizer's checks of a task's ranges, when it is on.
+/// Runs the sanitizer's checks of a task's ranges, when it is on (`replay`: a task of a graph
+/// launch).
 fn sanitize(
     s: &StreamShared,
     pos: u64,
     stamp: Option<&Stamp>,
-    name: &'static str,
+    (name, replay): (&'static str, bool),
     ranges: &[Range],
 ) -> Result<(), String> {
     match (&s.san, stamp) {
-        (Some(san), Some(stamp)) => san.check_task(s.id, pos, stamp, name, ranges),
+        (Some(san), Some(stamp)) => san.check_task(s.id, pos, stamp, (name, replay), ranges),
         _ => Ok(()),
     }
 }
@@ -529,6 +530,8 @@ pub(crate) fn execute_task(
     let owner = Owner::Task { stream: s.id, task: pos };
     let lat = core.latency();
     let launch = if charge_launch { lat.launch } else { std::time::Duration::ZERO };
+    // Only a graph launch's tasks run without their own launch cost.
+    let replay = !charge_launch;
     match kind {
         TaskKind::Host(f) => {
             model_delay(launch);
@@ -542,7 +545,7 @@ pub(crate) fn execute_task(
                 .iter()
                 .map(|b| Range { addr: b.ptr.addr(), len: b.len, mode: b.mode })
                 .collect();
-            sanitize(s, pos, stamp, k.name, &ranges)?;
+            sanitize(s, pos, stamp, (k.name, replay), &ranges)?;
             let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
             let acc = acquire_placed(core, placement.as_ref(), owner, &ranges, true)?;
             let body = k.body;
@@ -557,7 +560,7 @@ pub(crate) fn execute_task(
             if let End::Device(a) = src {
                 ranges.push(Range { addr: a, len, mode: AccessMode::Read });
             }
-            sanitize(s, pos, stamp, name, &ranges)?;
+            sanitize(s, pos, stamp, (name, replay), &ranges)?;
             let placement = core.place(&ranges, Check::Owners).map_err(|e| e.to_string())?;
             let mut acc = acquire_placed(core, placement.as_ref(), owner, &ranges, false)?;
             // Between two devices the copy crosses the link between them.
@@ -568,7 +571,7 @@ pub(crate) fn execute_task(
         TaskKind::Memset { dst, value, len } => {
             model_delay(launch);
             let r = Range { addr: dst, len, mode: AccessMode::Write };
-            sanitize(s, pos, stamp, "memset", &[r])?;
+            sanitize(s, pos, stamp, ("memset", replay), &[r])?;
             let placement = core.place(&[r], Check::Owners).map_err(|e| e.to_string())?;
             let mut acc = acquire_placed(core, placement.as_ref(), owner, &[r], false)?;
             acc.fill(dst, value, len).map_err(|e| e.to_string())

@@ -60,10 +60,10 @@ pub use soma_core::observe;
 pub use soma_core::{
     attr, elapsed_ms, BufferOwner, Bytes, CaptureInfo, CaptureMode, CaptureStatus, Device,
     DeviceBuffer, DeviceBufferMut, DriverAlloc, Error, Event, EventWait, ExportedPointer, Graph,
-    HandleType, HostBuffer, HostTransfer, ImportedAlloc, ImportedPool, IpcErrorKind, KernelArg,
-    MemPool, MemPoolBuilder, OomAction, OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc,
-    PoolDescriptor, PoolStats, Result, ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream,
-    StreamSync, View, ViewMut, MAX_STREAMS,
+    GraphMemoryOwner, GraphMemoryStats, GraphPool, HandleType, HostBuffer, HostTransfer,
+    ImportedAlloc, ImportedPool, IpcErrorKind, KernelArg, MemPool, MemPoolBuilder, OomAction,
+    OutOfMemory, OwnedAlloc, OwnedPool, OwnedStream, PoolAlloc, PoolDescriptor, PoolStats, Result,
+    ReuseCounts, ReuseKind, ReusePolicy, SplitMut, Stream, StreamSync, View, ViewMut, MAX_STREAMS,
 };
 
 /// The traits whose methods every program uses (`slice`, `cast`, `record_use`…):

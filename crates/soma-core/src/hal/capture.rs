@@ -157,8 +157,9 @@ pub enum CaptureErrorKind {
     EventCaptured,
     /// Not allowed while capturing (`ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT`): an unsafe call
     /// the capture modes forbid (the captures concerned are invalidated), or work that cannot
-    /// be recorded into a graph (`FnOnce` kernels and host functions, pool allocations and
-    /// frees, graph launches; nothing is invalidated).
+    /// be recorded into a graph (`FnOnce` kernels and host functions, graph launches, a pool
+    /// free of memory that is not the capture's graph memory, pool allocations of a native
+    /// pool or in a capture begun on a backend stream; nothing is invalidated).
     NotCapturable,
     /// The stream is not capturing (`ACL_ERROR_RT_STREAM_NOT_CAPTURED`).
     NotCapturing,

@@ -11,7 +11,7 @@ use super::handle::{Origin, StreamUse};
 use super::oom::{retry_after_oom, Outcome};
 use super::order::Order;
 use super::policy::OomAction;
-use crate::engine::{Allocation, BlockId, FreeTag};
+use crate::engine::{Allocation, BlockId, FreeTag, StreamOrder, StreamSlot};
 use crate::error::{Error, OutOfMemory, Result};
 use crate::hal::{DevicePtr, PoolAnnotation};
 use crate::observe::RecordKind;
@@ -98,7 +98,7 @@ impl PoolCore {
             if let Some(e) = self.take_sticky(&mut inner) {
                 return Err(e);
             }
-            self.alloc_locked(&mut inner, req, &order)
+            self.alloc_locked(&mut inner, req, req.stream.slot(), &order)
         };
         let allocation = match first {
             // The common case reads the engine's answer where it landed: no moves of it.
@@ -123,22 +123,25 @@ impl PoolCore {
         req: &Request<'_>,
         order: &Order<'_>,
     ) -> std::result::Result<Allocation, AllocError> {
-        self.alloc_locked(&mut self.lock(), req, order)
+        self.alloc_locked(&mut self.lock(), req, req.stream.slot(), order)
     }
 
-    /// One engine allocation under the lock `inner`. Out of line: inlined into the public
-    /// entry points with the rest of the path it costs more than the call.
+    /// One engine allocation for stream slot `slot` (the request's stream's, or its graph
+    /// slot in a capture) under the lock `inner`. Out of line: inlined into the public entry
+    /// points with the rest of the path it costs more than the call; the only call of
+    /// [`Engine::alloc`](crate::engine::Engine::alloc), which inlines here.
     #[inline(never)]
     #[allow(clippy::result_large_err, reason = "as Engine::alloc, whose error this is")]
-    fn alloc_locked(
+    pub(super) fn alloc_locked(
         &self,
         inner: &mut PoolInner,
         req: &Request<'_>,
-        order: &Order<'_>,
+        slot: StreamSlot,
+        order: &dyn StreamOrder,
     ) -> std::result::Result<Allocation, AllocError> {
         let (engine, mut backing) = inner.parts(self);
         let align = self.alignment.max(req.align);
-        engine.alloc(req.bytes, align, req.stream.slot(), order, &mut backing)
+        engine.alloc(req.bytes, align, slot, order, &mut backing)
     }
 
     pub(super) fn granted(&self, a: &Allocation) -> Granted {

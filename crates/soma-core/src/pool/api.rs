@@ -12,6 +12,7 @@ use super::attr;
 use super::builder::MemPoolBuilder;
 use super::core::PoolCore;
 use super::free::TypedFree;
+use super::graph_region::{capture_error, capture_memory};
 use super::handle::Relocatable;
 use super::native::NativePool;
 use super::policy::{OomAction, ReusePolicy, Settings};
@@ -21,9 +22,9 @@ use crate::buffer::bytes_for;
 use crate::device::Device;
 use crate::engine::BlockId;
 use crate::error::{Error, OutOfMemory, Result};
-use crate::hal::{DevicePtr, DriverError};
+use crate::hal::{CaptureErrorKind, DevicePtr, DriverError};
 use crate::observe::Record;
-use crate::stream::Stream;
+use crate::stream::{Stream, CAPTURED};
 
 /// A stream-ordered memory pool on one device.
 ///
@@ -278,7 +279,6 @@ impl<'d> MemPool<'d> {
         location: &'static Location<'static>,
         handle: impl Fn(Granted) -> H,
     ) -> Result<H> {
-        stream.refuse_in_capture("a pool allocation")?;
         let granularity = self.device.info().granularity;
         if !align.is_power_of_two() || align < self.alignment() || align > granularity {
             return Err(Error::InvalidArgument(format!(
@@ -286,6 +286,11 @@ impl<'d> MemPool<'d> {
                  granularity {granularity}",
                 self.alignment()
             )));
+        }
+        if stream.flags() & CAPTURED != 0 {
+            if let Some(g) = self.allocate_in_capture(bytes, align, stream, Some(location))? {
+                return Ok(handle(g));
+            }
         }
         let fail = &mut |_: &OutOfMemory| OomAction::Fail;
         let location = Some(location);
@@ -322,7 +327,12 @@ impl<'d> MemPool<'d> {
         on_oom: &mut dyn FnMut(&OutOfMemory) -> OomAction,
         handle: impl Fn(Granted) -> H,
     ) -> Result<H> {
-        stream.refuse_in_capture("a pool allocation")?;
+        // One load tells whether the stream ever captured.
+        if stream.flags() & CAPTURED != 0 {
+            if let Some(g) = self.allocate_in_capture(bytes, 0, stream, Some(location))? {
+                return Ok(handle(g));
+            }
+        }
         let location = Some(location);
         let granted = match &self.kind {
             PoolKind::Engine(core) => {
@@ -335,6 +345,36 @@ impl<'d> MemPool<'d> {
             PoolKind::Native(native) => native.allocate(bytes, stream, on_oom)?,
         };
         Ok(handle(granted))
+    }
+
+    /// The request of a stream that captured at some point: `Ok(None)` when it is not
+    /// capturing now (the ordinary path serves it), else served from graph memory (see
+    /// `graph_region.rs`) — by the stream's shard in a sharded pool, never by a native pool.
+    #[cold]
+    #[inline(never)]
+    fn allocate_in_capture(
+        &self,
+        bytes: u64,
+        align: u64,
+        stream: &Stream<'_>,
+        location: Option<&'static Location<'static>>,
+    ) -> Result<Option<Granted>> {
+        let Some(memory) = capture_memory(stream, "a pool allocation")? else { return Ok(None) };
+        let request = Request { bytes, align, stream, location, peers: &[] };
+        match &self.kind {
+            PoolKind::Engine(core) => core.allocate_captured(&request, &memory).map(Some),
+            PoolKind::Sharded(shards) => {
+                shards.home(stream).allocate_captured(&request, &memory).map(Some)
+            }
+            PoolKind::Native(_) => Err(capture_error(
+                CaptureErrorKind::NotCapturable,
+                format!(
+                    "a pool allocation on stream {}, which is capturing: a native (CANN) pool \
+                     keeps no graph memory",
+                    stream.id()
+                ),
+            )),
+        }
     }
 
     /// Allocates `bytes` for `stream` without a typed handle: the C API path. The block must be
@@ -362,16 +402,20 @@ impl<'d> MemPool<'d> {
     /// As [`alloc_async`](Self::alloc_async).
     pub fn alloc_raw(&self, bytes: u64, stream: &Stream<'_>) -> Result<(DevicePtr, u64)> {
         stream.check_device(&self.device, "the pool")?;
-        stream.refuse_in_capture("a pool allocation")?;
         if bytes == 0 {
             return Err(Error::InvalidSize("size 0".into()));
         }
+        let captured = match stream.flags() & CAPTURED {
+            0 => None,
+            _ => self.allocate_in_capture(bytes, 0, stream, None)?,
+        };
         let fail = &mut |_: &OutOfMemory| OomAction::Fail;
         let request = Request { bytes, align: 0, stream, location: None, peers: &[] };
-        let g = match &self.kind {
-            PoolKind::Engine(core) => core.allocate(&request, fail)?,
-            PoolKind::Sharded(shards) => shards.allocate(bytes, 0, stream, None, fail)?,
-            PoolKind::Native(native) => native.allocate(bytes, stream, fail)?,
+        let g = match (captured, &self.kind) {
+            (Some(g), _) => g,
+            (None, PoolKind::Engine(core)) => core.allocate(&request, fail)?,
+            (None, PoolKind::Sharded(shards)) => shards.allocate(bytes, 0, stream, None, fail)?,
+            (None, PoolKind::Native(native)) => native.allocate(bytes, stream, fail)?,
         };
         if let (Some(block), Backend::Engine(cores)) = (g.block, self.backend()) {
             cores.core_at(g.origin.shard()).lock().raw_blocks.insert(block);
@@ -386,10 +430,12 @@ impl<'d> MemPool<'d> {
     /// this pool (including a double free); requires [`MemPoolBuilder::raw_pointers`].
     pub fn free_raw(&self, ptr: DevicePtr, stream: &Stream<'_>) -> Result<()> {
         stream.check_device(&self.device, "the pool")?;
-        stream.refuse_in_capture("a pool free")?;
         let cores = match self.backend() {
             Backend::Engine(cores) => cores,
-            Backend::Native(native) => return native.free(ptr, stream, &[]),
+            Backend::Native(native) => {
+                stream.refuse_in_capture("a pool free")?;
+                return native.free(ptr, stream, &[]);
+            }
         };
         let found = cores.lookup(ptr).filter(|(core, b)| core.lock().raw_blocks.remove(b));
         let Some((core, block)) = found else {
@@ -397,7 +443,17 @@ impl<'d> MemPool<'d> {
                 "{ptr} is not the start of a live raw allocation of this pool"
             )));
         };
-        core.free_block(block, stream, &[], None)
+        // A raw block may be freed on any stream: a graph's block is looked for whatever the
+        // stream's flags.
+        match core.free_graph_aware(block, stream, &[], None) {
+            Ok(true) => Ok(()),
+            Ok(false) => core.free_block(block, stream, &[], None),
+            Err(e) => {
+                // Refused: the block stays allocated, and freeable later.
+                core.lock().raw_blocks.insert(block);
+                Err(e)
+            }
+        }
     }
 
     /// Frees a typed allocation's block (its `PoolAlloc` is going away).
@@ -503,9 +559,14 @@ impl<'d> MemPool<'d> {
     /// Moves the given allocations of `stream` to the lowest free addresses below them, with
     /// stream-ordered device-to-device copies, so that the free space they leave coalesces.
     /// Returns the number of allocations moved. Their [`PoolAlloc::device_ptr`] changes.
+    /// Allocations a captured graph holds (made while capturing, see [`GraphPool`]) stay
+    /// where they are: the graph's launches use them there.
+    ///
+    /// [`GraphPool`]: crate::GraphPool
     ///
     /// # Errors
-    /// An allocation of another pool or stream, backend failures (allocations already moved
+    /// An allocation of another pool or stream, a capturing stream
+    /// ([`CaptureErrorKind::NotCapturable`]), backend failures (allocations already moved
     /// stay moved and valid).
     pub fn compact<T: bytemuck::Pod + Send + Sync>(
         &self,
@@ -527,6 +588,8 @@ impl<'d> MemPool<'d> {
                 "compact: a native (CANN) pool does not expose its blocks".into(),
             )));
         };
+        // Its copies would be captured, its frees made now.
+        stream.refuse_in_capture("compact")?;
         for a in allocations.iter() {
             if !std::ptr::eq(a.pool(), self) {
                 return Err(Error::WrongDevice("compact: an allocation of another pool".into()));

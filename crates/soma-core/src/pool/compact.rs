@@ -29,6 +29,10 @@ impl Cores<'_> {
             let core = self.core_at(a.shard());
             let order = Order::for_request(core, stream);
             let Some(block) = a.block() else { continue };
+            if core.is_graph_block(block) {
+                // A graph's launches use it where it is.
+                continue;
+            }
             // Free space below that recycling or a release unmapped is mapped again (within
             // max_size): compaction is what an out-of-memory report recommends right after
             // the failed request's retry gave idle memory back.

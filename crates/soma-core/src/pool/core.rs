@@ -3,12 +3,13 @@
 //! next fallible call.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use super::backing::HalBacking;
 use super::free_ring::FreeRing;
+use super::graph_region::{GraphRegions, FIRST_GRAPH_SLOT};
 use super::handle::Origin;
 use super::ipc::ExportState;
 use super::passthrough::Passthrough;
@@ -79,6 +80,9 @@ pub(crate) struct PoolCore {
     /// Set whenever a sticky error is stored (cleared when it is taken): the lock-free
     /// allocation path leaves it to the locked one to report.
     sticky_hint: AtomicBool,
+    /// Live blocks of live graph regions (written under the lock): while there are none, a
+    /// free on a stream that once captured needs no look at the regions.
+    pub(super) graph_blocks: AtomicU64,
     /// The sharing state of a pool built with `HandleType::Posix` (see `ipc/`).
     pub(super) ipc: Option<ExportState>,
 }
@@ -101,6 +105,8 @@ pub(super) struct PoolInner {
     /// [`Locked`]'s drop. Kept here, under the lock, rather than in the guard: a smaller
     /// guard is moved for less on every lock.
     budget_base: (u64, u64),
+    /// The memory kept for captured graphs (see `graph_region.rs`).
+    pub(super) graph: GraphRegions,
 }
 
 /// What a history record tells of one event; the time and the pool's counters are added
@@ -223,6 +229,8 @@ impl PoolCore {
             engine.set_segments_per_growth(spec.segments_per_growth);
         }
         engine.set_recycle_on_growth(spec.recycle_on_growth);
+        // Graph memory stays what the graphs allocated: see `graph_region.rs`.
+        engine.set_private_slots(FIRST_GRAPH_SLOT);
         // Memory of pools dropped earlier whose work has completed goes back first.
         device.deferred.release_complete(device);
         let hal = &device.hal;
@@ -251,6 +259,7 @@ impl PoolCore {
                 raw_blocks: std::collections::HashSet::new(),
                 ring_accounted: 0,
                 budget_base: (0, 0),
+                graph: GraphRegions::default(),
             }),
             created: spec.created,
             on_oom: spec.on_oom.clone(),
@@ -270,6 +279,7 @@ impl PoolCore {
                 && !spec.shareable)
                 .then(FreeRing::new),
             sticky_hint: AtomicBool::new(false),
+            graph_blocks: AtomicU64::new(0),
             ipc: spec.shareable.then(ExportState::default),
         });
         let weak: Weak<PoolCore> = Arc::downgrade(&core);

@@ -34,10 +34,13 @@ impl PoolCore {
     /// as [`PoolCore::free_block`].
     #[inline]
     pub(super) fn free_typed(&self, f: &TypedFree<'_>) -> Result<()> {
-        // One load tells whether the stream needs anything but the fast path.
+        // One load tells whether the stream needs anything but the fast path: a stream that
+        // captured (or took over a graph's block) may be freeing graph memory.
         let flags = f.stream.flags();
-        if flags & crate::stream::CAPTURED != 0 {
-            f.stream.refuse_if_capturing("a pool free")?;
+        if flags & crate::stream::GRAPH_PATH != 0
+            && self.free_flagged(f.block, f.stream, f.uses, f.location)?
+        {
+            return Ok(());
         }
         let (Some(ring), Some(block)) = (&self.free_ring, f.block) else {
             return self.free_unringed(f.block, f.ptr, f.stream, f.uses, f.location);
@@ -59,6 +62,25 @@ impl PoolCore {
             inner.engine.free(block, ringed.tag).map_err(|e| free_failed(block, &e))?;
         }
         Ok(())
+    }
+
+    /// [`PoolCore::free_typed`] on a stream with [`GRAPH_PATH`](crate::stream::GRAPH_PATH)
+    /// flags: `Ok(true)` when the free concerned graph memory and was made (see
+    /// `graph_region.rs`), `Ok(false)` for an ordinary free. (The free's fields one by one,
+    /// as for `free_unringed`.)
+    #[cold]
+    #[inline(never)]
+    fn free_flagged(
+        &self,
+        block: Option<BlockId>,
+        stream: &Stream<'_>,
+        uses: &[StreamUse],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<bool> {
+        match block {
+            Some(block) => self.free_graph_aware(block, stream, uses, location),
+            None => Ok(false),
+        }
     }
 
     /// [`PoolCore::free_typed`] without the ring. (The free's fields one by one: a reference
@@ -157,12 +179,21 @@ fn wait_for_each_use(stream: &Stream<'_>, uses: &[StreamUse]) -> Result<()> {
         // nothing to wait for (and the live stream never touched this block).
         if let Some(live) = device.live_stream(user).filter(|l| l.base <= at) {
             // A record on a capturing stream would be captured, and the wait on it would make
-            // the freeing stream join that capture.
-            crate::graph::refuse_capturing(&*live.hal, "ordering a pool free after a use")?;
+            // the freeing stream join that capture — unless the free is captured into the same
+            // capture (a use by another stream of the capture, ordered within the graph).
+            let capture = stream.capture_id();
+            if capture.is_none() || crate::graph::capture_of(&*live.hal) != capture {
+                crate::graph::refuse_capturing(&*live.hal, "ordering a pool free after a use")?;
+            }
             let event = device.hal.create_event()?;
             let pos = live.hal.record(&*event)?;
+            let epoch = stream.capture_epoch();
             stream.wait_raw(&*event)?;
-            stream.clock().raise(user, live.base + pos);
+            // A wait captured (a free inside a capture) orders the launches, not the
+            // stream's own work.
+            if stream.outside_capture_since(epoch) {
+                stream.clock().raise(user, live.base + pos);
+            }
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ use super::free::TypedFree;
 use crate::engine::{BlockId, ReuseKind, StreamSlot};
 use crate::error::Result;
 use crate::hal::DevicePtr;
-use crate::stream::Stream;
+use crate::stream::{Stream, GRAPH_BLOCKS, GRAPH_PATH};
 
 /// A use of an allocation on another stream than its own.
 #[derive(Clone)]
@@ -217,9 +217,15 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
     /// Makes `to` wait for everything enqueued on the allocation's stream so far: `to` may
     /// then use the allocation and free it.
     pub(crate) fn order_before(&self, to: &Stream<'_>) -> Result<()> {
+        let from = self.stream.stream();
         to.check_device(self.pool.pool().device(), "hand_off: the target stream")?;
-        let event = self.stream.stream().record_event()?;
-        to.wait_event(&event)
+        let event = from.record_event()?;
+        to.wait_event(&event)?;
+        if from.flags() & GRAPH_PATH != 0 {
+            // The block may be a graph's: its free on `to` must look (see `graph_region.rs`).
+            to.set_flag(GRAPH_BLOCKS);
+        }
+        Ok(())
     }
 
     /// The use list without the uses of the stream in `slot` (of the allocation's device),
@@ -279,11 +285,20 @@ impl<P: PoolHolder, S: StreamHolder, T> Handle<P, S, T> {
         let device = self.pool.pool().device();
         // Before anything is enqueued: a refused call leaves both streams untouched.
         stream.check_access(device, "the allocation")?;
+        if stream.slot() == own.slot() && stream.device().same_as(device) {
+            return Ok(());
+        }
+        if let Some(capture) = stream.capture_id() {
+            // Captured work runs at launches, not now (see the `graph` module): only a use
+            // by another stream of the capture the allocation's stream records into is
+            // recorded (with captured events), so that a free inside the capture is ordered
+            // after it at every launch.
+            if !stream.device().same_as(device) || own.capture_id() != Some(capture) {
+                return Ok(());
+            }
+        }
         if !stream.device().same_as(device) {
             return self.record_peer_use(stream);
-        }
-        if stream.slot() == own.slot() {
-            return Ok(());
         }
         let mut uses = self.uses.list().lock();
         let known = uses.iter().position(|u| u.local_slot() == Some(stream.slot()));

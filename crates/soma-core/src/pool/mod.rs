@@ -17,6 +17,8 @@
 //! | `compact.rs` | moving allocations down |
 //! | `teardown.rs` | the end of a pool, without waiting for any stream |
 //! | `deferred.rs` | memory of dropped pools that work may still use, released by the device |
+//! | `graph_pool.rs` | [`GraphPool`], the tokens that keep graph memory, the device's captures |
+//! | `graph_region.rs` | graph-private memory in a core: captured allocations and frees |
 //! | `native.rs` | the driver's own pool behind the same API |
 //! | `ipc/` | pools shared with other processes: export, the pool service, import |
 //! | `handle.rs` | what both allocation handles hold and do: free, record a use, hand off |
@@ -38,6 +40,8 @@ mod default;
 pub(crate) mod deferred;
 mod free;
 pub mod free_ring;
+mod graph_pool;
+mod graph_region;
 mod handle;
 mod ipc;
 mod native;
@@ -57,6 +61,8 @@ pub use alloc::PoolAlloc;
 pub use api::MemPool;
 pub use builder::MemPoolBuilder;
 pub(crate) use default::DefaultPool;
+pub(crate) use graph_pool::{ActiveCaptures, CaptureMemory};
+pub use graph_pool::{GraphMemoryOwner, GraphMemoryStats, GraphPool};
 pub use ipc::{ExportedPointer, HandleType, ImportedAlloc, ImportedPool, PoolDescriptor};
 pub use owned::{OwnedAlloc, OwnedPool};
 pub use policy::{OomAction, OomHook, ReusePolicy};

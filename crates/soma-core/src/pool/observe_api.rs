@@ -1,6 +1,7 @@
 //! The pool's observability methods: snapshot, high-water reset, history exports.
 
 use super::api::{Backend, MemPool};
+use super::graph_region::is_stream_slot;
 use super::shards::Cores;
 use crate::engine::{BlockInfo, BlockState};
 use crate::error::Result;
@@ -56,6 +57,10 @@ impl MemPool<'_> {
             core.alignment,
             blocks,
             |slot| {
+                // A graph slot (graph memory) names no stream.
+                if !is_stream_slot(slot) {
+                    return (None, 0);
+                }
                 let id = device.live_stream(slot).map(|l| l.hal.id());
                 (id, device.slots.host_observed(slot))
             },

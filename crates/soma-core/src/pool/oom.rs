@@ -155,7 +155,7 @@ impl PoolCore {
 
     /// The error of a request that failed for good, counted and recorded (and traced when
     /// out of memory).
-    fn failed(
+    pub(super) fn failed(
         &self,
         req: &Request<'_>,
         e: AllocError,

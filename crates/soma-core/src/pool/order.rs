@@ -1,8 +1,12 @@
 //! What the engine learns of stream order: when a free may be reused by a stream, when it
 //! has completed. And settling: merging the frees the host has observed with their free
 //! neighbours, when the device reports a dropped stream or a synchronisation.
+//!
+//! Graph slots (see `graph_region.rs`) name no stream: their frees are eligible for no other
+//! slot and never complete, except while their region is released ([`ReleaseOrder`]).
 
 use super::core::{Locked, PoolCore};
+use super::graph_region::is_stream_slot;
 use super::policy::{FOLLOW_EVENT_DEPENDENCIES, INTERNAL_DEPENDENCIES, OPPORTUNISTIC};
 use crate::device::{DeviceShared, StreamEventListener};
 use crate::engine::{Eligibility, Engine, FreeTag, StreamOrder, StreamSlot};
@@ -23,6 +27,15 @@ impl<'a> Order<'a> {
         Order { device: &core.device, requester: Some(stream), reuse: core.settings.reuse_bits() }
     }
 
+    /// The order a request of capturing stream `stream` sees in `core`: what no future
+    /// launch of the graph can race with — host-observed frees, and completed ones when the
+    /// pool's opportunistic rule is on; never the event rule (a launch is not ordered by the
+    /// capturing stream's clock) nor an inserted dependency (it would be captured).
+    pub(super) fn for_capture(core: &'a PoolCore, stream: &'a Stream<'a>) -> Order<'a> {
+        let reuse = core.settings.reuse_bits() & OPPORTUNISTIC;
+        Order { device: &core.device, requester: Some(stream), reuse }
+    }
+
     /// The order of a release, a settling or a teardown: completion alone, no requester.
     pub(super) fn completion(device: &'a DeviceShared) -> Order<'a> {
         Order { device, requester: None, reuse: 0 }
@@ -31,6 +44,9 @@ impl<'a> Order<'a> {
 
 impl StreamOrder for Order<'_> {
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
+        if !is_stream_slot(s) {
+            return Eligibility::default();
+        }
         let host_observed = self.device.slots.host_observed(s);
         let event = match self.requester {
             Some(t) if self.reuse & FOLLOW_EVENT_DEPENDENCIES != 0 => t.clock().get(s),
@@ -46,7 +62,38 @@ impl StreamOrder for Order<'_> {
     }
 
     fn is_complete(&self, tag: FreeTag) -> bool {
-        self.device.slots.is_complete(tag.stream, tag.pos)
+        is_stream_slot(tag.stream) && self.device.slots.is_complete(tag.stream, tag.pos)
+    }
+}
+
+/// The order of a region's release: the completion order, under which the frees of the
+/// region's graph slots are host-observed and complete (its graphs are gone, and their
+/// launches complete), so that settling merges them back with the pool's memory.
+pub(super) struct ReleaseOrder<'a> {
+    completion: Order<'a>,
+    slots: &'a [StreamSlot],
+}
+
+impl<'a> ReleaseOrder<'a> {
+    pub(super) fn new(device: &'a DeviceShared, slots: &'a [StreamSlot]) -> ReleaseOrder<'a> {
+        ReleaseOrder { completion: Order::completion(device), slots }
+    }
+}
+
+impl StreamOrder for ReleaseOrder<'_> {
+    fn eligibility(&self, s: StreamSlot) -> Eligibility {
+        if self.slots.contains(&s) {
+            return Eligibility { host_observed: u64::MAX, ..Eligibility::default() };
+        }
+        self.completion.eligibility(s)
+    }
+
+    fn internal_dependencies(&self) -> bool {
+        false
+    }
+
+    fn is_complete(&self, tag: FreeTag) -> bool {
+        self.slots.contains(&tag.stream) || self.completion.is_complete(tag)
     }
 }
 
@@ -58,7 +105,9 @@ pub(super) fn settle(device: &DeviceShared, engine: &mut Engine) {
     let mut freeing = engine.freeing_streams();
     let nothing_to_merge = match (freeing.next(), freeing.next()) {
         (None, _) => true,
-        (Some(s), None) => device.slots.live_count() <= 1 && device.slots.is_live(s),
+        (Some(s), None) => {
+            is_stream_slot(s) && device.slots.live_count() <= 1 && device.slots.is_live(s)
+        }
         (Some(_), Some(_)) => false,
     };
     drop(freeing);
@@ -74,7 +123,8 @@ impl PoolCore {
     /// not synchronisations (a successful query): the count follows the observations
     /// themselves, whatever was settled.
     pub(super) fn unobserved_bytes(&self, engine: &Engine) -> u64 {
-        // A slot no stream holds: every stream's frees count.
+        // A slot no stream holds: every stream's frees count (graph memory, on private slots,
+        // is not pending on a stream: it is counted apart).
         let frees = engine.pending_frees(StreamSlot::MAX, &Order::completion(&self.device));
         frees.iter().map(|p| p.bytes).sum()
     }
@@ -102,5 +152,10 @@ impl StreamEventListener for PoolCore {
     /// to the release threshold.
     fn host_synchronized(&self) {
         self.apply_release_threshold();
+    }
+
+    /// Releases the region kept for the token, if this core has one.
+    fn graph_memory_released(&self, key: u64) {
+        self.release_graph_memory(key);
     }
 }

@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::core::{HistoryEntry, PoolCore, PoolInner};
+use super::graph_region::is_stream_slot;
 use super::order::Order;
 use super::passthrough::Passthrough;
 use super::shards::Cores;
@@ -80,7 +81,8 @@ impl PoolCore {
 
     /// The live streams that freed into this core (read under the lock, returned without it).
     pub(super) fn freeing_live_streams(&self) -> SmallVec<[(StreamSlot, LiveStream); 8]> {
-        let slots: SmallVec<[StreamSlot; 8]> = self.lock().engine.freeing_streams().collect();
+        let slots: SmallVec<[StreamSlot; 8]> =
+            self.lock().engine.freeing_streams().filter(|&s| is_stream_slot(s)).collect();
         slots.into_iter().filter_map(|s| self.device.live_stream(s).map(|live| (s, live))).collect()
     }
 

@@ -261,7 +261,9 @@ impl<'a> Cores<'a> {
             if engine.pending_bytes > 0 {
                 engine.pending_bytes = core.unobserved_bytes(&inner.engine);
             }
-            sum += PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
+            let mut stats = PoolStats::from_engine(&engine, inner.oom_retries, inner.ooms, 0);
+            stats.graph_reserved = inner.graph.stats(&inner.engine).map(|g| g.reserved).sum();
+            sum += stats;
         }
         sum.max_size = self.first.max_size;
         if let Some(budget) = self.budget() {

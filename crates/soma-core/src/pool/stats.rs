@@ -108,6 +108,11 @@ pub struct PoolStats {
     pub ooms: u64,
     /// Times the pool waited for pending frees and retried an allocation.
     pub oom_retries: u64,
+    /// Bytes kept for captured graphs (part of `reserved`): the graph memory of every graph
+    /// and graph pool that allocated here, which only their captures reuse and neither
+    /// release nor trimming gives back while they live (per graph:
+    /// [`MemPool::graph_memory`](crate::MemPool::graph_memory)).
+    pub graph_reserved: u64,
 }
 
 impl PoolStats {
@@ -142,6 +147,7 @@ impl PoolStats {
             largest_free_block: e.largest_free_block,
             ooms,
             oom_retries,
+            graph_reserved: 0,
         }
     }
 
@@ -184,6 +190,7 @@ impl AddAssign for PoolStats {
             largest_free_block,
             ooms,
             oom_retries,
+            graph_reserved,
         } = other;
         self.used += used;
         self.used_high += used_high;
@@ -207,6 +214,7 @@ impl AddAssign for PoolStats {
         self.largest_free_block = self.largest_free_block.max(largest_free_block);
         self.ooms += ooms;
         self.oom_retries += oom_retries;
+        self.graph_reserved += graph_reserved;
     }
 }
 
@@ -251,6 +259,7 @@ impl fmt::Display for PoolStats {
             "driver map / unmap", self.map_calls, self.unmap_calls, self.recycling_pauses
         )?;
         writeln!(f, "{:<22} {:>12}", "pending frees", Bytes(self.pending_bytes).to_string())?;
+        writeln!(f, "{:<22} {:>12}", "graph memory", Bytes(self.graph_reserved).to_string())?;
         writeln!(
             f,
             "{:<22} {:>12}",

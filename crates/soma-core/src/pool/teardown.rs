@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use super::api::{Backend, MemPool};
 use super::core::PoolCore;
 use super::deferred::DeferredRelease;
+use super::graph_region::is_stream_slot;
 use super::order::Order;
 use crate::engine::{
     Backing, BackingError, BlockId, BlockState, Engine, FreeTag, StreamOrder as _, StreamSlot,
@@ -84,6 +85,9 @@ impl PoolCore {
                     let _ = inner.engine.free(block, tag);
                 }
             }
+            // Graph memory goes with the pool: a graph launched after the pool's drop uses
+            // freed memory (as with raw blocks), and a launch in flight may still use it.
+            let graph_memory = self.release_all_graph_memory(&mut inner);
             let raw: Vec<BlockId> = inner.raw_blocks.drain().collect();
             for &block in &raw {
                 // Raw blocks never given to `free_raw` go with the pool (`alloc_raw`'s
@@ -91,7 +95,7 @@ impl PoolCore {
                 // their tag is never consulted.
                 let _ = inner.engine.free(block, FreeTag { stream: 0, pos: 0 });
             }
-            (tagged_frees(&inner.engine), !raw.is_empty())
+            (tagged_frees(&inner.engine), !raw.is_empty() || graph_memory)
         };
         let waits = if raw { self.every_live_stream() } else { waits };
         let waits: SmallVec<[(StreamSlot, u64); 4]> =
@@ -124,7 +128,8 @@ impl PoolCore {
         });
     }
 
-    /// The end of every live stream's queue now: raw blocks may be used by any of them.
+    /// The end of every live stream's queue now: raw blocks and graph memory may be used by
+    /// any of them.
     fn every_live_stream(&self) -> SmallVec<[(StreamSlot, u64); 4]> {
         let slots = 0..self.device.slots.count() as StreamSlot;
         slots.filter_map(|s| self.device.live_stream(s).map(|l| (s, l.enqueued()))).collect()
@@ -143,11 +148,15 @@ impl PoolCore {
     }
 }
 
-/// Per stream slot, the latest position of `engine`'s free blocks still tagged with it.
+/// Per stream slot, the latest position of `engine`'s free blocks still tagged with it
+/// (graph slots, released before, name no stream).
 fn tagged_frees(engine: &Engine) -> SmallVec<[(StreamSlot, u64); 4]> {
     let mut v: SmallVec<[(StreamSlot, u64); 4]> = SmallVec::new();
     for b in engine.blocks() {
         if let BlockState::Free(Some(tag)) = b.state {
+            if !is_stream_slot(tag.stream) {
+                continue;
+            }
             match v.iter_mut().find(|(s, _)| *s == tag.stream) {
                 Some(e) => e.1 = e.1.max(tag.pos),
                 None => v.push((tag.stream, tag.pos)),

@@ -5,6 +5,7 @@ mod border;
 mod coalescing;
 mod growth;
 mod model;
+mod private_slots;
 mod recycling;
 mod release;
 mod requests;

@@ -8,9 +8,22 @@ use smallvec::SmallVec;
 use soma_core::hal::{DriverError, PoolAnnotation};
 
 use super::{
-    point_before_task, poison, task_before_free, Clock, FailAction, FreeInfo, Gen, Point,
-    ReportKind, Sanitizer, SanitizerReport, State, StreamPoint, TaskView, HOST, MIN_PRUNE_AT,
+    point_before_task, poison, task_before_free, Clock, FailAction, FreeInfo, Gen, GraphMark,
+    Point, ReportKind, Sanitizer, SanitizerReport, State, StreamPoint, TaskView, HOST,
+    MIN_PRUNE_AT,
 };
+
+/// A block handed out, as an annotation tells it.
+struct NewAlloc {
+    /// Pool id (`None`: the driver's `malloc`).
+    pool: Option<u64>,
+    /// The graph region, for a block allocated while capturing.
+    region: Option<u64>,
+    ptr: u64,
+    size: u64,
+    stream: u64,
+    position: u64,
+}
 use crate::memory::DeviceMemory;
 
 impl Sanitizer {
@@ -23,23 +36,32 @@ impl Sanitizer {
     ) -> Option<FailAction> {
         match a {
             PoolAnnotation::Alloc { pool, ptr, size, stream, position } => {
-                self.on_alloc(Some(pool), ptr.addr(), size, stream, position, range)
+                let ptr = ptr.addr();
+                let a = NewAlloc { pool: Some(pool), region: None, ptr, size, stream, position };
+                self.on_alloc(a, range)
             }
             PoolAnnotation::Free { pool: _, ptr, stream, position } => {
                 self.on_free(ptr.addr(), stream, position, memory)
             }
+            PoolAnnotation::GraphAlloc { pool, region, ptr, size, stream, position } => {
+                let (pool, region, ptr) = (Some(pool), Some(region), ptr.addr());
+                self.on_alloc(NewAlloc { pool, region, ptr, size, stream, position }, range)
+            }
+            PoolAnnotation::GraphFree { pool: _, region, ptr } => {
+                self.on_graph_free(region, ptr.addr());
+                None
+            }
+            PoolAnnotation::GraphRelease { pool: _, region } => {
+                self.on_graph_release(region, memory);
+                None
+            }
         }
     }
 
-    fn on_alloc(
-        &self,
-        pool: Option<u64>,
-        ptr: u64,
-        size: u64,
-        stream: u64,
-        position: u64,
-        range: Option<(u64, u64)>,
-    ) -> Option<FailAction> {
+    /// An allocation (`a`, in reservation `range`): a new generation, checked against the
+    /// live ones it must not overlap.
+    fn on_alloc(&self, a: NewAlloc, range: Option<(u64, u64)>) -> Option<FailAction> {
+        let NewAlloc { pool, region, ptr, size, stream, position } = a;
         let mut st = self.state.lock();
         st.seq += 1;
         let point = Point::new(stream, position, st.seq);
@@ -76,28 +98,40 @@ impl Sanitizer {
             if let Some(key) = adopt {
                 st.live.remove(&key);
             }
-            if let Some((_, g)) = st.live.range(..(end, 0)).next_back() {
-                if g.ptr.saturating_add(g.size) > ptr {
-                    reports.push(SanitizerReport {
-                        kind: ReportKind::OverlappingAllocation,
-                        allocation: Some(g.info()),
-                        stream,
-                        position,
-                        task: "alloc".into(),
-                        other: None,
-                        addr: ptr,
-                        len: size,
-                        write: false,
-                    });
-                }
+            // A graph generation may overlap those of its region that went back to it; no
+            // other allocation overlaps a graph generation.
+            let lo = ptr.saturating_sub(st.graph_max_size);
+            let live_graph = st.graph.range((lo, 0)..(end, 0)).map(|(_, g)| g).find(|g| {
+                g.ptr.saturating_add(g.size) > ptr
+                    && g.graph.is_some_and(|m| m.returned.is_none() || Some(m.region) != region)
+            });
+            let live = st.live.range(..(end, 0)).next_back().map(|(_, g)| g);
+            let overlapped = live.filter(|g| g.ptr.saturating_add(g.size) > ptr).or(live_graph);
+            if let Some(g) = overlapped {
+                reports.push(SanitizerReport {
+                    kind: ReportKind::OverlappingAllocation,
+                    allocation: Some(g.info()),
+                    stream,
+                    position,
+                    task: "alloc".into(),
+                    other: None,
+                    addr: ptr,
+                    len: size,
+                    write: false,
+                });
             }
         }
         st.next_gen += 1;
         let id = st.next_gen;
-        st.live.insert(
-            (ptr, id),
-            Gen { pool, ptr, size, alloc: point, free: None, preds, uses: SmallVec::new() },
-        );
+        let graph = region.map(|region| GraphMark { region, returned: None });
+        let g =
+            Gen { pool, graph, ptr, size, alloc: point, free: None, preds, uses: SmallVec::new() };
+        if graph.is_some() {
+            st.graph_max_size = st.graph_max_size.max(size);
+            st.graph.insert((ptr, id), g);
+        } else {
+            st.live.insert((ptr, id), g);
+        }
         self.finish_host_reports(st, reports, stream, position, "pool alloc")
     }
 
@@ -178,7 +212,10 @@ impl Sanitizer {
             let mut st = self.state.lock();
             st.tracked.insert(ptr, ptr.saturating_add(len));
         }
-        let _ = self.on_alloc(None, ptr, size, HOST, 0, None);
+        let _ = self.on_alloc(
+            NewAlloc { pool: None, region: None, ptr, size, stream: HOST, position: 0 },
+            None,
+        );
     }
 
     /// A driver `free` of `ptr` succeeded.
@@ -208,13 +245,14 @@ impl Sanitizer {
         st.tracked.remove(&start);
         st.live.retain(|_, g| g.ptr < start || g.ptr >= end);
         st.freed.retain(|_, g| g.ptr < start || g.ptr >= end);
+        st.graph.retain(|_, g| g.ptr < start || g.ptr >= end);
     }
 
     /// Drops freed generations no task can be attributed to any more: those whose free every
     /// pending and future task is ordered after (the host observed it, and every task
     /// enqueued before that has run), and those superseded by a newer generation covering
     /// their whole range that every pending task was enqueued after.
-    fn prune(st: &mut State) {
+    pub(super) fn prune(st: &mut State) {
         let min_pending = st.streams.values().filter_map(|s| s.pending.front().copied()).min();
         let now = st.seq;
         let host_observed = st.host_observed.clone();

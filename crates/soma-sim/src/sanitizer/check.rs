@@ -4,23 +4,33 @@ use smallvec::SmallVec;
 use soma_core::hal::AccessMode;
 
 use super::{
-    point_before_task, task_before_free, Gen, ReportKind, Sanitizer, SanitizerReport, Stamp, State,
-    StreamPoint, TaskView, HOST,
+    point_before_task, task_before_free, Gen, Map, ReportKind, Sanitizer, SanitizerReport, Stamp,
+    State, StreamPoint, TaskView, HOST,
 };
 use crate::memory::Range;
 
+/// A generation: the map that holds it and its key there.
+pub(super) type Candidate = (Map, (u64, u64));
+
 impl Sanitizer {
-    pub(super) fn candidates(st: &State, addr: u64) -> SmallVec<[(bool, (u64, u64)); 4]> {
-        let mut v: SmallVec<[(bool, (u64, u64)); 4]> = SmallVec::new();
+    /// The generations whose range holds `addr`, newest first.
+    pub(super) fn candidates(st: &State, addr: u64) -> SmallVec<[Candidate; 4]> {
+        let mut v: SmallVec<[Candidate; 4]> = SmallVec::new();
         if let Some((k, g)) = st.live.range(..=(addr, u64::MAX)).next_back() {
             if g.contains(addr) {
-                v.push((true, *k));
+                v.push((Map::Live, *k));
             }
         }
         let lo = addr.saturating_sub(st.freed_max_size);
         for (k, g) in st.freed.range((lo, 0)..=(addr, u64::MAX)) {
             if g.contains(addr) {
-                v.push((false, *k));
+                v.push((Map::Freed, *k));
+            }
+        }
+        let lo = addr.saturating_sub(st.graph_max_size);
+        for (k, g) in st.graph.range((lo, 0)..=(addr, u64::MAX)) {
+            if g.contains(addr) {
+                v.push((Map::Graph, *k));
             }
         }
         // Newest first (generation ids increase).
@@ -28,32 +38,50 @@ impl Sanitizer {
         v
     }
 
-    pub(super) fn gen<'a>(st: &'a State, c: &(bool, (u64, u64))) -> &'a Gen {
-        if c.0 {
-            &st.live[&c.1]
-        } else {
-            &st.freed[&c.1]
+    pub(super) fn gen<'a>(st: &'a State, c: &Candidate) -> &'a Gen {
+        match c.0 {
+            Map::Live => &st.live[&c.1],
+            Map::Freed => &st.freed[&c.1],
+            Map::Graph => &st.graph[&c.1],
         }
     }
 
-    fn gen_mut<'a>(st: &'a mut State, c: &(bool, (u64, u64))) -> Option<&'a mut Gen> {
-        if c.0 {
-            st.live.get_mut(&c.1)
-        } else {
-            st.freed.get_mut(&c.1)
+    fn gen_mut<'a>(st: &'a mut State, c: &Candidate) -> Option<&'a mut Gen> {
+        match c.0 {
+            Map::Live => st.live.get_mut(&c.1),
+            Map::Freed => st.freed.get_mut(&c.1),
+            Map::Graph => st.graph.get_mut(&c.1),
         }
     }
 
-    /// Checks a task's device ranges before it runs. `Err` (FailStream mode only) carries
-    /// the report(s) as the task's failure message.
+    /// The generation an access of `r` by a task enqueued at `seq` is attributed to: the
+    /// newest allocated before it — of graph generations, which overlap within their region,
+    /// the newest that covers the access whole, if one does.
+    fn attribute<'c>(
+        st: &State,
+        cands: &'c [Candidate],
+        r: &Range,
+        seq: u64,
+    ) -> Option<&'c Candidate> {
+        let before = |c: &&Candidate| Self::gen(st, c).alloc.seq < seq;
+        let whole = |c: &&Candidate| {
+            let g = Self::gen(st, c);
+            g.graph.is_none() || g.covers(r.addr, r.len)
+        };
+        cands.iter().filter(before).find(whole).or_else(|| cands.iter().find(before))
+    }
+
+    /// Checks a task's device ranges before it runs (`replay`: a task of a graph launch).
+    /// `Err` (FailStream mode only) carries the report(s) as the task's failure message.
     pub(crate) fn check_task(
         &self,
         stream: u64,
         pos: u64,
         stamp: &Stamp,
-        name: &'static str,
+        task: (&'static str, bool),
         ranges: &[Range],
     ) -> Result<(), String> {
+        let (name, replay) = task;
         let mut st = self.state.lock();
         let t = TaskView { stream, pos, seq: stamp.seq, clock: &stamp.clock };
         let mut found: SmallVec<[SanitizerReport; 1]> = SmallVec::new();
@@ -70,7 +98,7 @@ impl Sanitizer {
                 write: r.mode == AccessMode::Write,
             };
             let cands = Self::candidates(&st, r.addr);
-            let Some(sel) = cands.iter().find(|c| Self::gen(&st, c).alloc.seq < t.seq) else {
+            let Some(sel) = Self::attribute(&st, &cands, r, t.seq) else {
                 if let Some(c) = cands.first() {
                     let g = Self::gen(&st, c);
                     let other = StreamPoint {
@@ -91,7 +119,13 @@ impl Sanitizer {
             };
             let g = Self::gen(&st, sel);
             let mut verdict: Option<(ReportKind, Option<StreamPoint>)> = None;
-            if let Some(free) = &g.free {
+            let returned = g.graph.and_then(|m| m.returned);
+            if let Some(at) = returned.filter(|&at| !replay && t.seq > at) {
+                // Back in graph memory, which only the graph's launches may use.
+                let other =
+                    StreamPoint { what: "returned to graph memory", stream: HOST, position: at };
+                verdict = Some((ReportKind::UseAfterFree, Some(other)));
+            } else if let Some(free) = &g.free {
                 let other = Some(StreamPoint {
                     what: "freed",
                     stream: free.point.stream,
@@ -149,6 +183,8 @@ impl Sanitizer {
             }
             match verdict {
                 Some((kind, other)) => found.push(report(kind, Some(g), other)),
+                // The graph's drop waits for its launches before its memory is released.
+                None if replay && g.graph.is_some() => {}
                 None if g.pool.is_some() => {
                     if let Some(g) = Self::gen_mut(&mut st, sel) {
                         match g.uses.iter_mut().find(|u| u.0 == stream) {
@@ -180,7 +216,16 @@ impl Sanitizer {
         for r in ranges.iter().filter(|r| r.len > 0) {
             let cands = Self::candidates(&st, r.addr);
             let g = cands.first().map(|c| Self::gen(&st, c));
+            let returned = g.and_then(|g| g.graph).and_then(|m| m.returned);
             let (kind, other) = match g {
+                Some(_) if returned.is_some() => (
+                    ReportKind::UseAfterFree,
+                    Some(StreamPoint {
+                        what: "returned to graph memory",
+                        stream: HOST,
+                        position: returned.unwrap_or(0),
+                    }),
+                ),
                 None => {
                     let tracked = st
                         .tracked

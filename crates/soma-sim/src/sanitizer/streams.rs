@@ -65,7 +65,7 @@ impl Sanitizer {
         add(&st.host_observed);
         st.streams.values().for_each(|s| add(&s.clock));
         st.freed.values().filter_map(|g| g.free.as_ref()).for_each(|f| add(&f.clock));
-        for g in st.live.values().chain(st.freed.values()) {
+        for g in st.live.values().chain(st.freed.values()).chain(st.graph.values()) {
             ids.extend(g.uses.iter().map(|u| u.0));
         }
         ids.len()
@@ -110,7 +110,8 @@ impl Sanitizer {
         st.dropped = draining;
         done.sort_unstable_by_key(|d| d.id);
         let is_done = |id: u64| done.binary_search_by_key(&id, |d| d.id).is_ok();
-        for g in st.live.values_mut().chain(st.freed.values_mut()) {
+        let gens = st.live.values_mut().chain(st.freed.values_mut()).chain(st.graph.values_mut());
+        for g in gens {
             g.alloc.forget_stream(&done);
             if let Some(f) = &mut g.free {
                 f.point.forget_stream(&done);
@@ -133,7 +134,7 @@ impl Sanitizer {
         }
         // A batch visits every generation: at least as many drops as the square root of
         // their number between batches keeps both that and the clocks' widths small.
-        let gens = st.live.len() + st.freed.len();
+        let gens = st.live.len() + st.freed.len() + st.graph.len();
         st.forget_at = (st.dropped.len() + gens.isqrt()).max(MIN_FORGET_AT);
     }
 }

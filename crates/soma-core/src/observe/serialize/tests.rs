@@ -152,6 +152,7 @@ fn pool_stats_serialize_under_their_field_names() {
         largest_free_block: 24,
         ooms: 25,
         oom_retries: 26,
+        graph_reserved: 27,
     };
     let expected = concat!(
         r#"{"used":1,"used_high":2,"reserved":3,"reserved_high":4,"max_size":5,"#,
@@ -160,7 +161,7 @@ fn pool_stats_serialize_under_their_field_names() {
         r#""opportunistic":13,"internal_dependency":14,"host_synchronized":15},"#,
         r#""map_calls":16,"unmap_calls":17,"mapped_segments":18,"bytes_mapped_total":19,"#,
         r#""bytes_unmapped_total":20,"recycling_pauses":21,"pending_bytes":22,"free_bytes":23,"#,
-        r#""largest_free_block":24,"ooms":25,"oom_retries":26}"#
+        r#""largest_free_block":24,"ooms":25,"oom_retries":26,"graph_reserved":27}"#
     );
     assert_eq!(serde_json::to_string(&stats).unwrap(), expected);
 }
