@@ -7,7 +7,8 @@
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
 //! soma-hotpath ALLOCATOR LIVE PAIRS [BLOCK]   # ALLOCATOR: soma | soma-owned | soma-engine[-retain] | offset-allocator | tlsf | torch-npu | llama-cpp
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
-//!                                                     # (also torch-npu | llama-cpp | soma-replica)
+//!                                                     # (also soma-recycle | soma-engine-recycle |
+//!                                                     #  torch-npu | llama-cpp | soma-replica)
 //! ```
 //!
 //! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
@@ -87,7 +88,7 @@ enum PairsAllocator {
     Soma,
     /// The owned handles (`OwnedPool`, `OwnedAlloc`) on the software NPU.
     SomaOwned,
-    /// The engine alone, on a fake backing, recycling on growth.
+    /// The engine alone, on a fake backing, with its default settings.
     SomaEngine,
     /// The engine alone without recycling on growth.
     SomaEngineRetain,
@@ -108,10 +109,12 @@ enum RandomAllocator {
     Soma,
     /// The public API, a pool built with `recycle_on_growth(true)`.
     SomaRecycle,
-    /// The engine alone, on a fake backing, recycling on growth.
+    /// The engine alone, on a fake backing, with its default settings.
     SomaEngine,
     /// The engine alone without recycling on growth.
     SomaEngineRetain,
+    /// The engine alone, recycling on growth.
+    SomaEngineRecycle,
     /// The offset-allocator crate.
     OffsetAllocator,
     /// A TLSF allocator.
@@ -164,6 +167,9 @@ fn main() {
             RandomAllocator::SomaEngine => random(SomaEngine::new(1 << 40, 512), n, max, replays),
             RandomAllocator::SomaEngineRetain => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
+            }
+            RandomAllocator::SomaEngineRecycle => {
+                random(SomaEngine::with_recycling(1 << 40, 512, true), n, max, replays)
             }
             RandomAllocator::OffsetAllocator => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
