@@ -160,8 +160,13 @@ impl Access<'_> {
             End::Host(h) if h.len >= n => Ok((h.ptr, false)),
             End::Host(_) => Err(DriverError::InvalidValue("host span too short".into())),
         };
-        let (d, d_cross) = end(self, dst, true)?;
-        let (s, s_cross) = end(self, src, false)?;
+        let (d, mut d_cross) = end(self, dst, true)?;
+        let (s, mut s_cross) = end(self, src, false)?;
+        // A range is marked as a whole: a device end in a shared range may still be private
+        // bytes, which the other device end may overlap. Both then move atomically.
+        if (d_cross || s_cross) && matches!((dst, src), (End::Device(_), End::Device(_))) {
+            (d_cross, s_cross) = (true, true);
+        }
         self.settle();
         let s = s.cast_const();
         // SAFETY: device ends are inside ranges of this Access (mapped READ|WRITE, the

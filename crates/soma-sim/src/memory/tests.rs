@@ -234,3 +234,28 @@ fn share_waits_for_direct_accesses() {
     let acc = m.acquire(Owner::Host("t"), &[r(a, 8, AccessMode::Write)], true).unwrap();
     assert_ne!(acc.bytes_mut(0).unwrap().as_ptr() as u64, a);
 }
+
+/// A range that is partly shared moves all its bytes atomically, and an overlapping copy from
+/// a private range into it keeps memmove semantics.
+#[test]
+fn copies_into_a_partly_shared_range_are_memmoves() {
+    let m = DeviceMemory::new(4 * G, G).unwrap();
+    let a = m.start();
+    m.map(a, G).unwrap();
+    let pages = SharedPages::create(G).unwrap();
+    m.map_shared(a + G, G, &pages, true).unwrap();
+    let numbered: Vec<u8> = (0..100).collect();
+    {
+        let mut acc = m.acquire(Owner::Host("t"), &[r(a, 100, AccessMode::Write)], true).unwrap();
+        // SAFETY: `numbered` lives, unchanged, until the end of the test, after the span.
+        let span = End::Host(unsafe { HostSpan::new(numbered.as_ptr().cast_mut(), 100) });
+        acc.copy(&End::Device(a), &span, 100).unwrap();
+    }
+    let ranges = [r(a + 4, G + 8, AccessMode::Write), r(a, 100, AccessMode::Read)];
+    let mut acc = m.acquire(Owner::Host("t"), &ranges, false).unwrap();
+    acc.copy(&End::Device(a + 4), &End::Device(a), 64).unwrap();
+    drop(acc);
+    let mut want = numbered.clone();
+    want.copy_within(0..64, 4);
+    assert_eq!(read_bytes(&m, a, 100), want);
+}
