@@ -14,8 +14,8 @@
 //!   (`pool.export()`), the importing process's id goes on its whitelist
 //!   (`pool.allow_process`), and each block an `ExportedPointer` (`block.export_pointer()`).
 //!   All three travel as text, here on the importer's stdin.
-//! * **Import**: `MemPool::import(&descriptor, &device)` (unsafe: the two processes order
-//!   their work on shared bytes themselves) gives a pool that cannot allocate;
+//! * **Import**: `MemPool::import(&descriptor, &device)` gives a pool that cannot allocate
+//!   (the two processes order their work on shared bytes themselves, as on a device);
 //!   `pool.open::<f32>(&pointer)` a typed, writable handle over the exporter's block.
 //! * **Order across processes** is the lines the two trade: the exporter synchronizes before
 //!   it hands the pointers over, and reads the importer's writes after the importer said it
@@ -200,11 +200,11 @@ fn importer() -> Result<()> {
     let dev = npu.device(0)?;
     let s = dev.create_stream()?;
     let descriptor: PoolDescriptor = read_line()?.parse()?;
-    // SAFETY: the two processes order their work on the shared blocks by the lines they
-    // trade: the exporter wrote and synchronized before sending the pointers, this process
-    // writes only into the blocks the exporter reads after it says "wrote" (having
-    // synchronized), and the exporter does not touch them meanwhile.
-    let kv = unsafe { MemPool::import(&descriptor, &dev) }?;
+    // The two processes order their work on the shared blocks by the lines they trade: the
+    // exporter wrote and synchronized before sending the pointers, this process writes only
+    // into the blocks the exporter reads after it says "wrote" (having synchronized), and the
+    // exporter does not touch them meanwhile.
+    let kv = MemPool::import(&descriptor, &dev)?;
     let mut pointers: Vec<ExportedPointer> = Vec::new();
     loop {
         match read_line()?.as_str() {

@@ -625,19 +625,16 @@ fn shareable_pools_run_on_the_ascend_backend() {
     let a = pool.alloc_async::<u8>(4096, &s).unwrap();
     let p = a.export_pointer().unwrap();
     assert_eq!((p.pool_id(), p.byte_len()), (desc.pool_id(), 4096));
-    // SAFETY: refused: nothing is imported.
-    let own = unsafe { MemPool::import(&desc, &dev) }.unwrap_err();
+    let own = MemPool::import(&desc, &dev).unwrap_err();
     assert!(matches!(own, Error::Ipc { kind: IpcErrorKind::SameProcess, .. }));
     let hal = dev.hal();
     let h = hal.alloc_physical(2 << 20).unwrap();
     let shareable = hal.export_physical(h, true).unwrap();
     assert!(hal.export_physical(h, true).is_err(), "one shareable handle per handle");
     hal.allow_shareable_pids(shareable, &[1]).unwrap();
-    // SAFETY: refused: nothing is imported.
-    let unsized_import = unsafe { hal.import_physical(ShareableHandle(shareable.0), 0) };
+    let unsized_import = hal.import_physical(ShareableHandle(shareable.0), 0);
     assert!(matches!(unsized_import, Err(DriverError::InvalidValue(m)) if m.contains("size")));
-    // SAFETY: refused: nothing is imported.
-    let same = unsafe { hal.import_physical(shareable, 2 << 20) };
+    let same = hal.import_physical(shareable, 2 << 20);
     assert!(same.is_err(), "import and export only across processes");
     hal.free_physical(h).unwrap();
     drop(a);

@@ -114,16 +114,15 @@ fn importer_process() {
     let dev = npu.device(0).unwrap();
     let s = dev.create_stream().unwrap();
     let desc: PoolDescriptor = read_line().parse().unwrap();
-    // SAFETY: every exchange below is ordered by the lines the two processes trade: the
-    // exporter synchronizes before it sends a pointer and reads the importer's bytes only
-    // after the importer said it wrote them (and synchronized).
-    let imported = unsafe { MemPool::import(&desc, &dev) };
+    // Every exchange below is ordered by the lines the two processes trade: the exporter
+    // synchronizes before it sends a pointer and reads the importer's bytes only after the
+    // importer said it wrote them (and synchronized).
+    let imported = MemPool::import(&desc, &dev);
     let pool = match (mode.as_str(), imported) {
         ("refused", Err(e)) => return println!("child: {:?}", kind(&e)),
         (_, imported) => imported.unwrap(),
     };
-    // SAFETY: as above (and refused: nothing is imported).
-    let twice = unsafe { MemPool::import(&desc, &dev) }.unwrap_err();
+    let twice = MemPool::import(&desc, &dev).unwrap_err();
     println!("child: twice {:?}", kind(&twice));
     match mode.as_str() {
         "share" => {
@@ -194,8 +193,7 @@ fn another_process_reads_and_writes_the_pool() {
     let b = pool.alloc_async::<u32>(3 << 20, &s).unwrap();
     s.synchronize().unwrap();
     let desc = pool.export().unwrap();
-    // SAFETY: refused: nothing is imported.
-    let own = unsafe { MemPool::import(&desc, &dev) }.unwrap_err();
+    let own = MemPool::import(&desc, &dev).unwrap_err();
     assert_eq!(kind(&own), IpcErrorKind::SameProcess);
 
     let mut child = Importer::start("share");
@@ -316,12 +314,10 @@ fn pools_that_cannot_be_shared_say_so() {
     // A device of another granularity, and a process that is not there.
     let other = soma::sim::Npu::builder().granularity(4 << 20).build().unwrap();
     let desc: PoolDescriptor = format!("soma-pool:1:0:1:{}:{}", 64 * MIB, 2 * MIB).parse().unwrap();
-    // SAFETY: refused: nothing is imported.
-    let e = unsafe { MemPool::import(&desc, &other.device(0).unwrap()) }.unwrap_err();
+    let e = MemPool::import(&desc, &other.device(0).unwrap()).unwrap_err();
     assert_eq!(kind(&e), IpcErrorKind::InvalidDescriptor);
     let gone: PoolDescriptor =
         format!("soma-pool:{}:0:1:{}:{}", 0x7fff_fff0u32, 64 * MIB, 2 * MIB).parse().unwrap();
-    // SAFETY: refused: nothing is imported.
-    let e = unsafe { MemPool::import(&gone, &dev) }.unwrap_err();
+    let e = MemPool::import(&gone, &dev).unwrap_err();
     assert_eq!(kind(&e), IpcErrorKind::Unreachable);
 }

@@ -146,9 +146,13 @@ fn owned_hand_offs_move_in_place_and_in_batches() {
         (dev.create_owned_stream().unwrap(), dev.create_owned_stream().unwrap());
     let mut table: Vec<OwnedAlloc<f32>> =
         (0..32).map(|i| pool.upload(&[i as f32; 64], &prefill).unwrap()).collect();
+    // Prefill held busy: a wait on a record that has already completed enqueues nothing.
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    prefill.host_fn(move || gate.recv().unwrap_or_default()).unwrap();
     let before = decode.hal().enqueued();
     OwnedAlloc::hand_off_all(&mut table, &decode).unwrap();
     assert_eq!(decode.hal().enqueued() - before, 1, "one event wait for the whole table");
+    release.send(()).unwrap();
     assert!(table.iter().all(|b| b.stream().same_stream(&decode)));
     // Decode writes every block, then frees them on decode: nothing to report.
     for b in &mut table {

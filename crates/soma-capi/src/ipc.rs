@@ -77,9 +77,11 @@ pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
 /// mapped with `aclrtMapMem` (its size is the exported allocation's) and freed with
 /// `aclrtFreePhysical`.
 ///
+/// The memory is shared with the exporting process: the program orders the two processes'
+/// accesses (nothing in the runtime does); an unordered race leaves the bytes unspecified.
+///
 /// # Safety
-/// `handle` is null or valid for a write. The memory is shared with the exporting process:
-/// the program orders the two processes' accesses (nothing in the runtime does).
+/// `handle` is null or valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
     shareableHandle: u64,
@@ -90,8 +92,7 @@ pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
         let out = out_ptr(handle, "handle")?;
         let rt = rt()?;
         let dev = rt.device(deviceId.into())?;
-        // SAFETY: the caller of this function takes on ordering the processes' accesses.
-        let h = unsafe { dev.hal().import_physical(ShareableHandle(shareableHandle), 0) }?;
+        let h = dev.hal().import_physical(ShareableHandle(shareableHandle), 0)?;
         let size = dev.sim()?.physical_size(h).unwrap_or(0);
         let id = rt.physical.insert(PhysObj { dev: dev.index, handle: h, size });
         // SAFETY: checked non-null; the caller guarantees it is writable.

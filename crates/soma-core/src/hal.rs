@@ -295,12 +295,12 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// backend that can check it does); 0 asks the backend to find it out, which not every
     /// backend can (the software NPU can, CANN's runtime cannot).
     ///
-    /// # Safety
     /// The memory is shared with the exporting process (and any other importer), which
-    /// accesses it without this process knowing: the caller makes every access of a process
-    /// to the shared bytes ordered with every write of another process to them (as on a
-    /// device, where nothing orders work across processes either). A task of this process
-    /// reading bytes while another process writes them is a data race.
+    /// accesses it without this process knowing. Ordering the accesses of one process to the
+    /// shared bytes with the writes of another is the programs' job, as on a device, where
+    /// nothing orders work across processes either; an unordered race leaves the bytes
+    /// unspecified (torn), never undefined behaviour. A backend keeps that promise: the
+    /// software NPU never lets a Rust reference cover bytes another process may write.
     ///
     /// # Errors
     /// [`DriverError::InvalidHandle`] for a handle no live process exports (never exported,
@@ -309,7 +309,7 @@ pub trait DeviceHal: Send + Sync + 'static {
     /// size other than the exported one, or one that is not a multiple of this device's
     /// granularity;
     /// [`DriverError::Unsupported`] when the backend has no IPC (the default).
-    unsafe fn import_physical(
+    fn import_physical(
         &self,
         shareable: ShareableHandle,
         size: u64,

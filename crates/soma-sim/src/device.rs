@@ -207,6 +207,10 @@ impl DeviceCore {
 /// Physical memory can be shared with another process ([`DeviceHal::export_physical`],
 /// [`DeviceHal::import_physical`]): the importer maps the same file, so both processes see
 /// the same bytes. Streams, events, the in-flight table and the sanitizer stay per process.
+/// Shared memory (from its export or import on) is never under a Rust reference: kernels get
+/// private copies of their buffers there, written back when they end, and copies and memsets
+/// use atomic loads and stores, so a race with another process gives torn bytes, not
+/// undefined behaviour. Exporting waits for the accesses in flight to the allocation to end.
 ///
 /// # Semantics worth knowing
 ///
@@ -493,7 +497,7 @@ impl DeviceHal for SimDevice {
         crate::ipc::allow(shareable, pids)
     }
 
-    unsafe fn import_physical(
+    fn import_physical(
         &self,
         shareable: ShareableHandle,
         size: u64,

@@ -5,7 +5,10 @@ use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use soma_sim::hal::{DeviceHal, DevicePtr, DriverError, MemRef, ShareableHandle};
+use soma_sim::hal::{
+    AccessMode, BufferAccess, DeviceHal, DevicePtr, DriverError, KernelLaunch, MemRef,
+    ShareableHandle,
+};
 use soma_sim::{Npu, SimDevice};
 
 const G: u64 = 2 << 20;
@@ -19,6 +22,24 @@ fn read_byte(dev: &SimDevice, at: DevicePtr) -> u8 {
     // SAFETY: `b` is a live host buffer of one byte for the duration of the call.
     unsafe { dev.copy_sync(MemRef::Host(b.as_mut_ptr()), MemRef::Device(at), 1) }.unwrap();
     b[0]
+}
+
+/// Whether a kernel writing 64 bytes at `at` is handed the device bytes themselves (rather
+/// than a private copy of them).
+fn kernel_sees_device_bytes(dev: &SimDevice, at: DevicePtr) -> bool {
+    let s = dev.create_stream().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.launch(KernelLaunch {
+        name: "where",
+        buffers: vec![BufferAccess { ptr: at, len: 64, mode: AccessMode::Write }],
+        body: Box::new(move |b| {
+            tx.send(b.bytes_mut(0)?.as_ptr() as u64).unwrap();
+            Ok(())
+        }),
+    })
+    .unwrap();
+    s.synchronize().unwrap();
+    rx.recv().unwrap() == at.addr()
 }
 
 /// Starts the importing process with `mode`; it reads its shareable handle from stdin.
@@ -65,22 +86,17 @@ fn importer() {
     std::io::stdin().read_line(&mut line).unwrap();
     let handle = ShareableHandle(line.trim().parse().unwrap());
     let dev = device();
-    // SAFETY: the exporting process waits for this process to exit before it touches the
-    // memory again.
-    let imported = unsafe { dev.import_physical(handle, 0) };
+    let imported = dev.import_physical(handle, 0);
     match mode.as_str() {
         "share" => {
             let h = imported.unwrap();
             dev.free_physical(h).unwrap();
-            // SAFETY: as above.
-            let wrong = unsafe { dev.import_physical(handle, 2 * G) };
+            let wrong = dev.import_physical(handle, 2 * G);
             assert!(
                 matches!(wrong, Err(DriverError::InvalidValue(m)) if m.contains("not 4194304"))
             );
-            // SAFETY: as above.
-            let h = unsafe { dev.import_physical(handle, G) }.unwrap();
-            // SAFETY: as above.
-            let again = unsafe { dev.import_physical(handle, 0) };
+            let h = dev.import_physical(handle, G).unwrap();
+            let again = dev.import_physical(handle, 0);
             assert!(
                 matches!(again, Err(DriverError::InvalidValue(m)) if m.contains("already imported"))
             );
@@ -89,6 +105,7 @@ fn importer() {
             let va = dev.reserve(G).unwrap();
             dev.map(va, h).unwrap();
             println!("importer: read {:#x}", read_byte(&dev, va));
+            assert!(!kernel_sees_device_bytes(&dev, va), "imported memory is shared");
             dev.memset_sync(va, 0xC3, G).unwrap();
             dev.unmap(va).unwrap();
             assert!(dev.export_physical(h, false).is_err(), "imports are not exported again");
@@ -110,8 +127,7 @@ fn two_processes_see_the_same_bytes() {
     dev.memset_sync(va, 0x5A, G).unwrap();
     let handle = dev.export_physical(h, true).unwrap();
     assert!(dev.export_physical(h, true).is_err(), "one shareable handle per handle");
-    // SAFETY: nothing is shared: the import is refused.
-    let own = unsafe { dev.import_physical(handle, 0) };
+    let own = dev.import_physical(handle, 0);
     assert!(matches!(own, Err(DriverError::InvalidValue(m)) if m.contains("across processes")));
     let child = spawn_importer("share");
     dev.allow_shareable_pids(handle, &[child.id() as i32]).unwrap();
@@ -122,6 +138,28 @@ fn two_processes_see_the_same_bytes() {
     dev.free_physical(h).unwrap();
     dev.release(va).unwrap();
     assert!(dev.allow_shareable_pids(handle, &[1]).is_err(), "freed: no longer exported");
+}
+
+/// Memory no other process can map keeps the direct path; from its export on, kernels get
+/// private copies of it, wherever it is mapped.
+#[test]
+fn exported_memory_reaches_kernels_as_copies() {
+    let dev = device();
+    let va = dev.reserve(G).unwrap();
+    let h = dev.alloc_physical(G).unwrap();
+    dev.map(va, h).unwrap();
+    assert!(kernel_sees_device_bytes(&dev, va), "not shared: the device bytes");
+    let handle = dev.export_physical(h, true).unwrap();
+    assert!(!kernel_sees_device_bytes(&dev, va), "exported: a private copy");
+    dev.unmap(va).unwrap();
+    dev.map(va, h).unwrap();
+    assert!(!kernel_sees_device_bytes(&dev, va), "mapped again: still shared");
+    dev.memset_sync(va, 0x3C, G).unwrap();
+    assert_eq!(read_byte(&dev, DevicePtr::new(va.addr() + G - 1).unwrap()), 0x3C);
+    dev.unmap(va).unwrap();
+    dev.free_physical(h).unwrap();
+    dev.release(va).unwrap();
+    assert!(dev.allow_shareable_pids(handle, &[1]).is_err());
 }
 
 #[test]
@@ -146,7 +184,6 @@ fn a_freed_export_is_refused() {
     assert!(lines[0].contains("not exported"), "{lines:?}");
     // A process that does not exist answers nothing.
     let dev2 = device();
-    // SAFETY: nothing is shared: the import is refused.
-    let e = unsafe { dev2.import_physical(ShareableHandle(0x7fff_fff0 << 32 | 1), G) };
+    let e = dev2.import_physical(ShareableHandle(0x7fff_fff0 << 32 | 1), G);
     assert!(matches!(e, Err(DriverError::InvalidHandle(m)) if m.contains("does not answer")));
 }

@@ -100,6 +100,7 @@ impl SimDevice {
             )));
         }
         let pages = Arc::clone(&p.pages);
+        let cross_process = p.share != Share::Local;
         let size = pages.len();
         if a % self.core.info.granularity != 0 {
             return Err(bad_addr(a, size, "not aligned to the granularity"));
@@ -112,7 +113,7 @@ impl SimDevice {
         if st.mappings.range(..end).next_back().is_some_and(|(&ms, &(ml, _))| ms + ml > a) {
             return Err(bad_addr(a, size, "overlaps an existing mapping"));
         }
-        self.core.memory.map_shared(a, size, &pages)?;
+        self.core.memory.map_shared(a, size, &pages, cross_process)?;
         if let Some(p) = st.physical.get_mut(&handle.0) {
             p.mapped_at = Some(a);
         }
@@ -163,6 +164,11 @@ impl SimDevice {
                     handle.0, s.0
                 )))
             }
+        }
+        // Before the memory file leaves the process: from now on another process may write
+        // the bytes at any time.
+        if let Some(a) = p.mapped_at {
+            self.core.memory.share(a, p.pages.len())?;
         }
         let shareable = ipc::export(Arc::clone(&p.pages), check_pids)?;
         p.share = Share::Exported(shareable);

@@ -17,9 +17,15 @@
 //! 4. **The shared ranges**: mapped ranges backed by a physical allocation's memory file
 //!    ([`SharedPages`], `MAP_SHARED` over the arena) instead of the arena's own anonymous
 //!    pages. Unmapping one puts a fresh `PROT_NONE` anonymous reservation back in its place;
-//!    the file keeps the bytes. The same file may be mapped by another process (IPC): what
-//!    the two processes do to its bytes is ordered by them (see [`SharedPages`]), as on a
-//!    device, and never by this module's in-flight table, which is per process.
+//!    the file keeps the bytes.
+//! 5. **The cross-process ranges**: shared ranges whose file another process may map too
+//!    (exported or imported physical memory). What the two processes do to those bytes is
+//!    ordered by them, as on a device, and never by the in-flight table, which is per process:
+//!    the other process may write them at any time. So this process never makes a slice of
+//!    them nor reads or writes them non-atomically: an [`Access`] gives kernels private copies
+//!    and writes them back when it ends, and copies and fills use relaxed atomic loads and
+//!    stores ([`atomic`]). An unordered race between the processes gives unspecified bytes,
+//!    not undefined behaviour. Every other range keeps the direct, zero-copy path.
 //!
 //! A request whose ranges lie in several devices' memories (peer access) holds one `Access`
 //! per memory ([`SpanningAccess`]); the arenas of two devices never overlap.
@@ -105,6 +111,8 @@ struct Held {
 struct MemState {
     /// Mapped ranges: start → end. Disjoint; adjacent entries are not merged (one per map).
     mapped: BTreeMap<u64, u64>,
+    /// The mapped ranges shared across processes: start → end, each an entry of `mapped`.
+    cross_process: BTreeMap<u64, u64>,
     /// In-flight ranges.
     inflight: Vec<Held>,
     next_id: u64,
@@ -127,6 +135,12 @@ impl MemState {
             }
         }
         true
+    }
+
+    /// Whether `r` touches a range shared across processes.
+    fn crosses(&self, r: &Range) -> bool {
+        r.len > 0
+            && self.cross_process.range(..r.end()).next_back().is_some_and(|(_, &e)| e > r.addr)
     }
 
     fn conflict(&self, r: &Range) -> Option<&Held> {
@@ -244,7 +258,15 @@ impl DeviceMemory {
     /// Maps the memory file `pages` at `[addr, addr + len)`: inside the arena, page aligned,
     /// not overlapping a mapped range, and `len` the file's length. The range shows the
     /// file's bytes, as any other mapping of it does (in this process or another).
-    pub fn map_shared(&self, addr: u64, len: u64, pages: &SharedPages) -> DriverResult<()> {
+    /// `cross_process`: another process may map the file too (it was exported or imported),
+    /// so the range is accessed as [`share`](Self::share) describes.
+    pub fn map_shared(
+        &self,
+        addr: u64,
+        len: u64,
+        pages: &SharedPages,
+        cross_process: bool,
+    ) -> DriverResult<()> {
         let mut st = self.state.lock();
         self.check_mappable(&st, addr, len)?;
         if pages.len() != len {
@@ -272,6 +294,37 @@ impl DeviceMemory {
             return Err(e);
         }
         st.mapped.insert(addr, addr + len);
+        if cross_process {
+            st.cross_process.insert(addr, addr + len);
+        }
+        Ok(())
+    }
+
+    /// Marks the mapping `[addr, addr + len)` (made by [`map_shared`](Self::map_shared)) as
+    /// shared across processes, before its file is handed to another process: from now on no
+    /// slice of it is made and its bytes are read and written atomically only. Returns once
+    /// the accesses registered before, which may hold slices of it, have ended (accesses end
+    /// when their task or call does, without waiting for anything).
+    pub fn share(&self, addr: u64, len: u64) -> DriverResult<()> {
+        let whole = Range { addr, len, mode: AccessMode::Write };
+        let horizon = {
+            let mut st = self.state.lock();
+            if st.mapped.get(&addr) != Some(&whole.end()) {
+                return Err(DriverError::InvalidAddress {
+                    addr,
+                    len,
+                    reason: "not the start of a mapping of that size".into(),
+                });
+            }
+            st.cross_process.insert(addr, whole.end());
+            st.next_id
+        };
+        let direct_in_flight = |st: &MemState| {
+            st.inflight.iter().any(|h| h.id < horizon && h.range.overlaps(addr, whole.end()))
+        };
+        while direct_in_flight(&self.state.lock()) {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
         Ok(())
     }
 
@@ -282,6 +335,7 @@ impl DeviceMemory {
         let mut st = self.state.lock();
         self.check_unmappable(&st, addr, len)?;
         st.mapped.remove(&addr);
+        st.cross_process.remove(&addr);
         if !self.reserve_again(&mut st, addr, len) {
             return Err(os_error("mmap of the unmapped range's reservation"));
         }
@@ -427,12 +481,15 @@ impl DeviceMemory {
                 st.inflight.push(Held { id, owner, range: *r });
             }
         }
+        let staging = (!st.cross_process.is_empty() && ranges.iter().any(|r| st.crosses(r)))
+            .then(|| Box::new(Staging::new(ranges.iter().map(|r| st.crosses(r)).collect())));
         drop(st);
         Ok(Access {
             mem: self,
             id,
             ranges: ranges.iter().copied().collect(),
             flags: ranges.iter().map(|_| Cell::new(Borrow::None)).collect(),
+            staging,
         })
     }
 
@@ -454,10 +511,12 @@ impl Drop for DeviceMemory {
 }
 
 mod access;
+mod atomic;
 mod handoff;
 mod host;
 mod shared;
 mod spanning;
+mod staging;
 #[cfg(test)]
 mod tests;
 
@@ -467,3 +526,4 @@ pub(crate) use handoff::{peer_pid, recv_with_fd, send_with_fd};
 pub(crate) use host::{alloc_host, free_host, page_size};
 pub(crate) use shared::SharedPages;
 pub(crate) use spanning::SpanningAccess;
+use staging::Staging;

@@ -688,7 +688,7 @@ impl DeviceHal for AscendDevice {
         self.ipc_allow(shareable, pids)
     }
 
-    unsafe fn import_physical(
+    fn import_physical(
         &self,
         shareable: ShareableHandle,
         size: u64,

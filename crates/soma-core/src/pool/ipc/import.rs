@@ -266,9 +266,7 @@ impl<'d> ImportedPool<'d> {
     fn map_one(&self, w: &SegmentLine) -> Result<MappedSegment> {
         let hal = self.device.hal();
         let shareable = ShareableHandle(w.shareable);
-        // SAFETY: the caller of `MemPool::import` took on ordering this process's accesses
-        // with the other processes' (its contract covers every segment of the pool).
-        let handle = unsafe { hal.import_physical(shareable, w.size) }?;
+        let handle = hal.import_physical(shareable, w.size)?;
         let va = self.base.checked_add(w.offset).unwrap_or(self.base);
         if let Err(e) = hal.map(va, handle) {
             let _ = hal.free_physical(handle);

@@ -298,13 +298,14 @@ impl MemPool<'_> {
     /// that cannot allocate, whose [`ImportedPool::open`] turns the exporter's
     /// [`ExportedPointer`]s into typed handles over the same memory.
     ///
-    /// # Safety
     /// The pool's memory is shared with the exporting process and every other importer, and
-    /// nothing orders their work with this process's (as on a device): the caller makes sure
-    /// that no process writes bytes of an allocation while another reads or writes them — e.g.
-    /// the exporter synchronizes its stream before it hands a pointer over, and waits for the
-    /// importer's word (or its release) before it touches the allocation again. A task of
-    /// this process reading bytes another process writes at the same time is a data race.
+    /// nothing orders their work with this process's (as on a device): ordering is the
+    /// programs' job — e.g. the exporter synchronizes its stream before it hands a pointer
+    /// over, and waits for the importer's word (or its release) before it touches the
+    /// allocation again. An unordered race (one process writing bytes while another reads or
+    /// writes them) leaves those bytes unspecified, as on a device; it is never undefined
+    /// behaviour, since the backend never lets a Rust reference cover bytes another process
+    /// may write.
     ///
     /// # Errors
     /// [`Error::Ipc`]: [`IpcErrorKind::SameProcess`] for this process's own pool,
@@ -313,7 +314,7 @@ impl MemPool<'_> {
     /// [`IpcErrorKind::Unreachable`] when the exporting process does not answer,
     /// [`IpcErrorKind::Destroyed`] for a pool it dropped (or never exported),
     /// [`IpcErrorKind::NotAllowed`] for a process it did not allow; backend failures.
-    pub unsafe fn import<'d>(
+    pub fn import<'d>(
         descriptor: &PoolDescriptor,
         device: &'d crate::Device,
     ) -> Result<ImportedPool<'d>> {
