@@ -14,9 +14,10 @@
 //! `random_allocations/<allocator>/<n>x<max_size MiB>`.
 //!
 //! Allocators: the baselines (`soma_tools::baselines`, the replicas of torch_npu's and
-//! llama.cpp's pools among them), `soma` (the public API on one stream), `soma-4-streams`
-//! (the same, ops on 4 streams in turn), `soma-retain` and the engine alone with and
-//! without recycling.
+//! llama.cpp's pools among them), `soma` (the public API on one stream, default pool),
+//! `soma-4-streams` (the same, ops on 4 streams in turn), `soma-retain` (built with
+//! `recycle_on_growth(false)`, the same as the default) and the engine alone with its
+//! default settings and built without recycling.
 //!
 //! Before criterion, each instance replays twice outside criterion: the first replay (on the
 //! fresh instance, timed once) is the cold figure, the second (warm) gives the driver calls
@@ -276,20 +277,27 @@ fn fresh_allocators<'a>(
     fn first<A: Allocator>(mut a: A, w: &Workload) -> f64 {
         ns_per_op(timed_replay(&mut a, w), w)
     }
-    let pool = move |recycle: bool| {
-        MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool")
+    // The default pool (`None`), or one built with `recycle_on_growth`.
+    let pool = move |recycle: Option<bool>| {
+        let mut builder = MemPool::builder();
+        if let Some(r) = recycle {
+            builder = builder.recycle_on_growth(r);
+        }
+        builder.build(dev).expect("pool")
     };
     vec![
-        ("soma", Box::new(move |w: &Workload| first(SomaApi::new(&pool(true), s), w))),
+        ("soma", Box::new(move |w: &Workload| first(SomaApi::new(&pool(None), s), w))),
         (
             "soma-4-streams",
             Box::new(move |w: &Workload| {
-                first(SomaStreams::new(&pool(true), streams, "soma-4-streams"), w)
+                first(SomaStreams::new(&pool(None), streams, "soma-4-streams"), w)
             }),
         ),
         (
             "soma-retain",
-            Box::new(move |w: &Workload| first(SomaApi::named(&pool(false), s, "soma-retain"), w)),
+            Box::new(move |w: &Workload| {
+                first(SomaApi::named(&pool(Some(false)), s, "soma-retain"), w)
+            }),
         ),
         ("soma-engine", Box::new(|w: &Workload| first(SomaEngine::new(RANGE, 512), w))),
         (

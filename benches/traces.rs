@@ -24,10 +24,11 @@
 //! by its rounded peak used).
 //!
 //! Allocators: the baselines (the replicas of torch_npu's and llama.cpp's pools among them),
-//! `soma` (public API, one stream), `soma-4-streams` (ops on 4 streams in turn, cross-stream
-//! frees handed off through events), `soma-engine`, and the variants without recycling on
-//! growth, `soma-retain` (a pool built with `recycle_on_growth(false)`) and
-//! `soma-engine-retain`.
+//! `soma` (public API, one stream, default pool), `soma-4-streams` (ops on 4 streams in turn,
+//! cross-stream frees handed off through events), `soma-engine` (default settings), and the
+//! variants built explicitly without recycling on growth, `soma-retain` (a pool built with
+//! `recycle_on_growth(false)`) and `soma-engine-retain` — the same as the defaults, which
+//! do not recycle.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -128,20 +129,27 @@ fn allocators<'a>(
     fn cold_warm<A: Allocator>(mut a: A, t: &Trace) -> (f64, f64) {
         (timed_replay(&mut a, t), timed_replay(&mut a, t))
     }
-    let pool = move |recycle: bool| {
-        MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool")
+    // The default pool (`None`), or one built with `recycle_on_growth`.
+    let pool = move |recycle: Option<bool>| {
+        let mut builder = MemPool::builder();
+        if let Some(r) = recycle {
+            builder = builder.recycle_on_growth(r);
+        }
+        builder.build(dev).expect("pool")
     };
     vec![
-        ("soma", Box::new(move |t: &Trace| cold_warm(SomaApi::new(&pool(true), s), t))),
+        ("soma", Box::new(move |t: &Trace| cold_warm(SomaApi::new(&pool(None), s), t))),
         (
             "soma-4-streams",
             Box::new(move |t: &Trace| {
-                cold_warm(SomaStreams::new(&pool(true), streams, "soma-4-streams"), t)
+                cold_warm(SomaStreams::new(&pool(None), streams, "soma-4-streams"), t)
             }),
         ),
         (
             "soma-retain",
-            Box::new(move |t: &Trace| cold_warm(SomaApi::named(&pool(false), s, "soma-retain"), t)),
+            Box::new(move |t: &Trace| {
+                cold_warm(SomaApi::named(&pool(Some(false)), s, "soma-retain"), t)
+            }),
         ),
         ("soma-engine", Box::new(|t: &Trace| cold_warm(SomaEngine::new(RANGE, 512), t))),
         (
@@ -228,18 +236,19 @@ fn traces(c: &mut Criterion) {
                 st.fragmentation()
             )
         };
-        for (recycle, name) in [(true, "soma"), (false, "soma-retain")] {
-            let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
+        for (builder, name) in [
+            (MemPool::builder(), "soma"),
+            (MemPool::builder().recycle_on_growth(false), "soma-retain"),
+        ] {
+            let pool = builder.build(&dev).expect("pool");
             entries.push(memory(SomaApi::named(&pool, &s, name), &t, |_| soma_extra(&pool)));
         }
         let pool = MemPool::builder().build(&dev).expect("pool");
         entries.push(memory(SomaStreams::new(&pool, &streams, "soma-4-streams"), &t, |_| {
             soma_extra(&pool)
         }));
-        for recycle in [true, false] {
-            entries.push(memory(SomaEngine::with_recycling(RANGE, 512, recycle), &t, |e| {
-                format!(",\"peak_used\":{}", e.stats().used_high)
-            }));
+        for engine in [SomaEngine::new(RANGE, 512), SomaEngine::with_recycling(RANGE, 512, false)] {
+            entries.push(memory(engine, &t, |e| format!(",\"peak_used\":{}", e.stats().used_high)));
         }
         let max_allocs = (t.stats.max_live_count * 2 + 1024) as u32;
         entries.push(memory(OffsetAlloc::new(RANGE, max_allocs), &t, none));
@@ -251,8 +260,8 @@ fn traces(c: &mut Criterion) {
         entries.push(memory(DriverPath::new(&**dev.hal(), dev.info().granularity), &t, none));
 
         // Time: criterion (cold), then the interleaved rounds (cold and warm).
-        bench_api(&mut g, &t, &dev, &s, true);
         bench_api(&mut g, &t, &dev, &s, false);
+        bench_api(&mut g, &t, &dev, &s, true);
         bench(&mut g, &t, || SomaEngine::new(RANGE, 512));
         bench(&mut g, &t, || SomaEngine::with_recycling(RANGE, 512, false));
         bench(&mut g, &t, || OffsetAlloc::new(RANGE, max_allocs));
@@ -285,21 +294,25 @@ fn traces(c: &mut Criterion) {
     common::write_json(&name, &format!("[{}]\n", out.join(",\n")));
 }
 
-/// Times replays of `t` through the public API, each on a fresh pool (`recycle`: built with
-/// `recycle_on_growth(recycle)`; pool creation is not timed).
+/// Times replays of `t` through the public API, each on a fresh pool: the default one, or
+/// with `retain` one built with `recycle_on_growth(false)` (pool creation is not timed).
 fn bench_api<'d>(
     g: &mut BenchmarkGroup<'_, WallTime>,
     t: &Trace,
     dev: &'d soma::Device,
     s: &soma::Stream<'d>,
-    recycle: bool,
+    retain: bool,
 ) {
-    let name = if recycle { "soma" } else { "soma-retain" };
+    let name = if retain { "soma-retain" } else { "soma" };
     g.bench_function(BenchmarkId::new(name, &t.name), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let pool = MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool");
+                let mut builder = MemPool::builder();
+                if retain {
+                    builder = builder.recycle_on_growth(false);
+                }
+                let pool = builder.build(dev).expect("pool");
                 let mut a = SomaApi::named(&pool, s, name);
                 let start = Instant::now();
                 let handles = replay(&mut a, &t.ops, t.slots);

@@ -2,7 +2,7 @@
 # Cache misses per operation of one random_allocations cell, for one allocator:
 #
 #   scripts/cache-profile.sh ALLOCATOR N MAX_MIB [TARGET_DIR]
-#   (ALLOCATOR: soma | soma-retain | soma-engine | soma-engine-retain | offset-allocator | tlsf)
+#   (ALLOCATOR: soma | soma-recycle | soma-engine | soma-engine-retain | offset-allocator | tlsf)
 #
 # Runs `soma-hotpath random` under valgrind's cachegrind twice, with 2 and 3 replays of the
 # sequence on one allocator, and prints the difference divided by the ops of one replay:
@@ -11,7 +11,7 @@
 # machine's L1d and L2 (`lscpu`; override with SOMA_D1 / SOMA_LL as cachegrind's
 # size,assoc,line), so "last level" here means an L2 miss. Counts are exact and repeatable.
 #
-# The public API (`soma`, `soma-retain`) reserves the software NPU's memory up front, and
+# The public API (`soma`, `soma-recycle`) reserves the software NPU's memory up front, and
 # valgrind cannot map 32 GiB: use n ≤ 10 000 (SOMA_HOTPATH_CAPACITY_MIB=4096 is set here).
 set -euo pipefail
 [[ $# -ge 3 ]] || { sed -n 2,5p "$0"; exit 2; }
@@ -20,7 +20,7 @@ bin=$target/release/soma-hotpath
 [[ -x $bin ]] || { echo "build first: cargo build --release -p soma-tools --bins" >&2; exit 2; }
 d1=${SOMA_D1:-49152,12,64} ll=${SOMA_LL:-1048576,16,64}
 capacity=32768
-[[ $alloc == soma || $alloc == soma-retain ]] && capacity=4096
+[[ $alloc == soma || $alloc == soma-recycle ]] && capacity=4096
 tmp=$(mktemp -d) pids=()
 trap 'rm -rf "$tmp"' EXIT
 for replays in 2 3; do

@@ -27,3 +27,4 @@ mod state_machine;
 mod stress;
 mod teardown;
 mod views;
+mod warm_replays;

@@ -712,8 +712,8 @@ fn typed_pairs_go_through_the_free_ring() {
     assert_eq!(MemPool::builder().passthrough(true).build(&dev).unwrap().free_ring_tickets(), None);
 }
 
-/// A (4 MiB) and X (2 MiB); A freed; B (8 MiB) recycles A's granules and maps above X,
-/// leaving a hole where A was. Returns A's address (the bottom of the pool's range).
+/// On a recycling pool: A (4 MiB) and X (2 MiB); A freed; B (8 MiB) recycles A's granules
+/// and maps above X, leaving a hole where A was. Returns A's address (the bottom of the pool's range).
 fn hole_below_b<'s>(
     pool: &'s MemPool<'_>,
     s: &'s soma::Stream<'_>,
@@ -734,7 +734,7 @@ fn a_pool_that_empties_starts_the_next_workload_from_the_bottom() {
     let npu = npu();
     let dev = device_of(&npu);
     let s = dev.create_stream().unwrap();
-    let pool = MemPool::builder().build(&dev).unwrap();
+    let pool = MemPool::builder().recycle_on_growth(true).build(&dev).unwrap();
     let (bottom, live) = hole_below_b(&pool, &s);
     drop(live);
     s.synchronize().unwrap();
@@ -751,7 +751,7 @@ fn a_pool_with_work_in_flight_on_its_freed_memory_does_not_move_it() {
     let npu = npu();
     let dev = device_of(&npu);
     let s = dev.create_stream().unwrap();
-    let pool = MemPool::builder().build(&dev).unwrap();
+    let pool = MemPool::builder().recycle_on_growth(true).build(&dev).unwrap();
     let (_, live) = hole_below_b(&pool, &s);
     // Frees enqueued behind a closed gate: not complete, so nothing may be unmapped.
     let gate = Gate::close(&s);
@@ -763,8 +763,8 @@ fn a_pool_with_work_in_flight_on_its_freed_memory_does_not_move_it() {
     drop(next);
 }
 
-/// Recycling that has become chronic pauses (more than 64 growths in 512 allocations each
-/// recycled), and the pool's statistics show it, sharded or not: RMM's `random_allocations`
+/// Recycling (opt-in) that has become chronic pauses (more than 64 growths in 512 allocations
+/// each recycled), and the pool's statistics show it, sharded or not: RMM's `random_allocations`
 /// with sizes up to 32 MiB and 2 GiB live.
 #[test]
 fn chronic_recycling_pauses_and_the_stats_count_it() {
@@ -773,7 +773,8 @@ fn chronic_recycling_pauses_and_the_stats_count_it() {
     let s = dev.create_stream().unwrap();
     let w = random_allocations(1500, 32, 2048, SEED);
     for shards in [1, 2] {
-        let pool = MemPool::builder().stream_shards(shards).build(&dev).unwrap();
+        let pool =
+            MemPool::builder().recycle_on_growth(true).stream_shards(shards).build(&dev).unwrap();
         let left = replay(&mut SomaApi::new(&pool, &s), &w.ops, w.slots);
         let st = pool.stats();
         assert!(st.recycling_pauses >= 1, "{shards} shard(s): {st:?}");

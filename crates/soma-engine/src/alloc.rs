@@ -176,11 +176,14 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
+        if let Some(a) = self.take_border(size, align, stream, order) {
+            return Ok(a);
+        }
         self.alloc_uncached(bytes, size, align, stream, order, backing)
     }
 
-    /// [`Engine::alloc`] when no cached block fits: rule 4 first if so configured, growth,
-    /// release and retry, rule 4, out of memory.
+    /// [`Engine::alloc`] when neither an indexed block nor the border block fits: rule 4
+    /// first if so configured, growth, release and retry, rule 4, out of memory.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
     #[inline(never)]
     fn alloc_uncached<E>(
@@ -261,10 +264,72 @@ impl Engine {
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }
+        if let Some(a) = self.take_border(size, align, stream, order) {
+            return Ok(Some(a));
+        }
         if with_dependency && order.internal_dependencies() {
             return Ok(self.take_internal_dependency(size, align, stream));
         }
         Ok(None)
+    }
+
+    /// The border block [`Engine::find_border`] picks, carved at its first aligned offset.
+    #[inline]
+    fn take_border(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<Allocation> {
+        let (idx, reuse) = match self.find_border(size, align, stream, order)? {
+            (idx, Some(ReuseKind::Opportunistic | ReuseKind::HostSynchronized))
+                if self.slab.blocks[idx as usize].tagged =>
+            {
+                self.settle_for_border(size, align, stream, order)?
+            }
+            found => found,
+        };
+        let grant = Grant { reuse, dependency: None };
+        let b = &self.slab.blocks[idx as usize];
+        let (offset, b_size, tagged) = (b.offset, b.size, b.tagged);
+        // `align` is a power of two (`checked_request`).
+        if offset & (align - 1) != 0 || b_size == size {
+            return Some(self.commit_unindexed(idx, size, align, grant));
+        }
+        // Carving the front: the rest stays the border block, with its tag, in no index.
+        let rest = self.slab.split(idx, offset + size);
+        self.border = rest;
+        self.border_bytes.0 -= size;
+        if tagged {
+            self.border_bytes.1 -= size;
+        }
+        Some(self.make_live(idx, offset, size, align, grant))
+    }
+
+    /// Another stream's border block is eligible for `stream` because its free completed:
+    /// settles what completed ([`Engine::settle_completed`]) and finds the border block again
+    /// (larger, or merged with `stream`'s free block below it).
+    #[cold]
+    #[inline(never)]
+    fn settle_for_border(
+        &mut self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<(u32, Option<ReuseKind>)> {
+        self.settle_completed(stream, order);
+        self.find_border(size, align, stream, order)
+    }
+
+    /// Carves free block `idx` at its first aligned offset the general way, which also
+    /// takes the border block: out of its index (or the border accounting), the rests filed
+    /// again.
+    fn commit_unindexed(&mut self, idx: u32, size: u64, align: u64, grant: Grant) -> Allocation {
+        let start = align_up(self.slab.blocks[idx as usize].offset, align);
+        self.remove_free(idx);
+        self.finish_alloc(idx, start, size, align, grant, false)
     }
 
     /// Rule 4: takes the best other stream's cached block that fits, returning the allocation
@@ -276,7 +341,8 @@ impl Engine {
         stream: StreamSlot,
     ) -> Option<Allocation> {
         let (idx, tag) = self.find_internal_dependency(size, align, stream)?;
-        Some(self.commit_cached(idx, size, align, Some(ReuseKind::InternalDependency), Some(tag)))
+        let grant = Grant { reuse: Some(ReuseKind::InternalDependency), dependency: Some(tag) };
+        Some(self.commit_unindexed(idx, size, align, grant))
     }
 
     /// Frees a live block onto stream `tag.stream` at position `tag.pos` (the stream may
@@ -389,7 +455,8 @@ impl Engine {
                 let start = align_up(c.offset, align);
                 if start + size <= c.end().min(limit) {
                     if let Some(kind) = self.eligible_kind(&c, stream, order) {
-                        return Some(self.commit_cached(cur, size, align, kind, None));
+                        let grant = Grant { reuse: kind, dependency: None };
+                        return Some(self.commit_unindexed(cur, size, align, grant));
                     }
                 }
             }
@@ -618,6 +685,10 @@ impl Engine {
             return self.make_live(idx, start, size, align, Grant { reuse, dependency });
         }
         self.remove_free(idx);
+        if start == offset && b_size == size {
+            // An exact fit (a hole of the request's size): nothing to split off.
+            return self.make_live(idx, start, size, align, Grant { reuse, dependency });
+        }
         self.finish_alloc(idx, start, size, align, Grant { reuse, dependency }, false)
     }
 }

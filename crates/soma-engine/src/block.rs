@@ -54,19 +54,34 @@ pub(super) struct Block {
     /// `settled`.
     pub tagged: bool,
     /// Untagged free blocks only: memory that was used and whose free the host has observed
-    /// since ([`Engine::settle`](crate::Engine::settle)). Every stream may use it as memory
-    /// never used; `stream` keeps the stream that freed it, or [`SETTLED_BY_SEVERAL`] (a
-    /// reuse by that stream counts as same-stream, any other as host-synchronized).
+    /// since ([`Engine::settle`](crate::Engine::settle)), or the device completed under the
+    /// opportunistic rule (`pos` [`SETTLED_ON_COMPLETION`], else 0). Every stream may use it
+    /// as memory never used; `stream` keeps the stream that freed it, or
+    /// [`SETTLED_BY_SEVERAL`] (a reuse by that stream counts as same-stream, any other as
+    /// opportunistic or host-synchronized).
     pub settled: bool,
     /// Live blocks only: log2 of the alignment the block was allocated with.
     pub align_log2: u8,
     /// Indexed free blocks only: the linear size class (`fl * SL + sl`) whose list holds the
-    /// block — its own class or the one just below (see `tlsf.rs`).
+    /// block — its own class or the one just below (see `tlsf.rs`); [`BORDER`] for the border
+    /// block, which no index holds.
     pub cls: u16,
 }
 
+/// `Block::cls` of the *border block*: while recycling on growth is off, the free block
+/// directly below the unmapped space that reaches the end of the range (where growth extends
+/// the mapped memory). It is in no free index: the engine serves a request from it only when no indexed block fits (see
+/// `Engine::find_border`), so that placement does not depend on how much memory above the
+/// mapped part of the range has been mapped yet.
+pub(super) const BORDER: u16 = u16::MAX;
+
 /// `Block::stream` of a settled block merged from the frees of more than one stream.
 pub(super) const SETTLED_BY_SEVERAL: u32 = u32::MAX;
+
+/// `Block::pos` of a settled block that holds memory settled because the device had
+/// completed its free, not because the host observed it (`Engine::settle_completed`): its
+/// reuse by another stream counts as opportunistic.
+pub(super) const SETTLED_ON_COMPLETION: u64 = 1;
 
 impl Block {
     /// One past the last byte.

@@ -4,7 +4,7 @@
 
 use smallvec::SmallVec;
 
-use crate::block::{Block, Kind, NIL, SETTLED_BY_SEVERAL};
+use crate::block::{Block, Kind, BORDER, NIL, SETTLED_BY_SEVERAL, SETTLED_ON_COMPLETION};
 use crate::tlsf::{self, FreeIndex};
 use crate::{Engine, StreamOrder, StreamSlot};
 
@@ -72,11 +72,16 @@ fn settled_stream(b: &Block, o: &Block) -> StreamSlot {
 
 impl Engine {
     /// Puts free block `idx` (not in any index) into the index of its tag, creating the
-    /// index on the stream's first free.
+    /// index on the stream's first free — or, when the unmapped space at the end of the
+    /// range follows it, makes it the border block (in no index, see [`BORDER`]).
     #[inline(always)]
     pub(crate) fn insert_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
+        if self.below_the_top_hole(b) {
+            self.insert_border(idx);
+            return;
+        }
         let slot = index_slot(b.tagged, b.stream);
         if !matches!(self.indexes.get(slot), Some(Some(_))) {
             self.create_index(slot);
@@ -98,14 +103,86 @@ impl Engine {
         self.indexes[slot].get_or_insert_with(|| Box::new(FreeIndex::new()));
     }
 
-    /// Takes free block `idx` out of its index.
+    /// Whether free block `b` is the border block: recycling is off and the unmapped space
+    /// that reaches the end of the range follows `b`. (A pool that recycles places as best
+    /// fit alone does: its growth unmaps elsewhere to map there, and keeping the top block
+    /// for last only moves more memory.)
+    #[inline(always)]
+    pub(crate) fn below_the_top_hole(&self, b: &Block) -> bool {
+        b.end() == self.border_end
+    }
+
+    /// Sets where the border block ends, after the holes or the recycling setting changed:
+    /// the start of the last hole if it reaches the end of the range and recycling is off.
+    pub(crate) fn locate_border_end(&mut self) {
+        self.border_end = match self.holes.iter().next_back() {
+            Some((&off, &h))
+                if !self.recycle_on_growth && self.slab.blocks[h as usize].next == NIL =>
+            {
+                off
+            }
+            _ => u64::MAX,
+        };
+    }
+
+    /// Makes free block `idx` (in no index, the top hole after it) the border block.
+    #[cold]
+    #[inline(never)]
+    fn insert_border(&mut self, idx: u32) {
+        // The stream's index exists once it freed, border block or not: it lists the
+        // streams that freed here (`Engine::freeing_streams`).
+        let slot = {
+            let b = &self.slab.blocks[idx as usize];
+            index_slot(b.tagged, b.stream)
+        };
+        if !matches!(self.indexes.get(slot), Some(Some(_))) {
+            self.create_index(slot);
+        }
+        debug_assert_eq!(self.border, NIL, "one border block at most");
+        self.border = idx;
+        let b = &mut self.slab.blocks[idx as usize];
+        b.cls = BORDER;
+        b.prev_free = NIL;
+        b.next_free = NIL;
+        self.border_bytes.0 += b.size;
+        if b.tagged {
+            self.border_bytes.1 += b.size;
+        }
+    }
+
+    /// Takes free block `idx` out of its index (or out of the border accounting).
     #[inline(always)]
     pub(crate) fn remove_free(&mut self, idx: u32) {
         let b = &self.slab.blocks[idx as usize];
         debug_assert_eq!(b.kind, Kind::Free);
+        if b.cls == BORDER {
+            self.remove_border(idx);
+            return;
+        }
         let slot = index_slot(b.tagged, b.stream);
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         ix.remove(&mut self.slab.blocks, idx);
+    }
+
+    /// Takes the border block `idx` out of the border accounting.
+    #[cold]
+    #[inline(never)]
+    fn remove_border(&mut self, idx: u32) {
+        debug_assert_eq!(self.border, idx);
+        self.border = NIL;
+        let b = &mut self.slab.blocks[idx as usize];
+        b.cls = 0;
+        self.border_bytes.0 -= b.size;
+        if b.tagged {
+            self.border_bytes.1 -= b.size;
+        }
+    }
+
+    /// Files free block `idx` again after the space after it changed between unmapped and
+    /// mapped: into an index, or as the border block.
+    pub(crate) fn refile_free(&mut self, idx: u32) {
+        self.remove_free(idx);
+        self.insert_free(idx);
     }
 
     /// Whether free blocks `a` and `b` may merge: same stream, or one of them untagged.
@@ -167,6 +244,7 @@ impl Engine {
         } else if !b.tagged && o.settled {
             b.stream = settled_stream(b, &o);
             b.settled = true;
+            b.pos = b.pos.max(o.pos);
         }
     }
 
@@ -275,6 +353,15 @@ impl Engine {
             (false, true) => Some((o.stream, o.pos)),
             (false, false) => None,
         };
+        if ib.cls == BORDER && !with_prev {
+            // `idx` absorbs the border block after it and becomes the border block.
+            return Some(self.grow_border_down(keep, other, tag));
+        }
+        // A merge that would make the border block (the top hole after `other`) is filed
+        // anew.
+        if ib.cls == BORDER || self.below_the_top_hole(o) {
+            return None;
+        }
         let slot = index_slot(tag.is_some(), tag.map_or(0, |t| t.0));
         if slot != index_slot(ib.tagged, ib.stream) {
             return None;
@@ -295,6 +382,7 @@ impl Engine {
         } else if o.settled {
             kb.stream = settled_stream(kb, &o);
             kb.settled = true;
+            kb.pos = kb.pos.max(o.pos);
         }
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         if indexed != keep {
@@ -306,6 +394,39 @@ impl Engine {
         }
         self.slab.absorb_next(keep, other);
         Some(keep)
+    }
+
+    /// [`Engine::coalesce_in_place`] when free block `keep` (in no index) absorbs the border
+    /// block `border` after it: the merged block, with tag `tag`, is the border block.
+    #[inline]
+    fn grow_border_down(&mut self, keep: u32, border: u32, tag: Option<(StreamSlot, u64)>) -> u32 {
+        if let Some((stream, _)) = tag {
+            let slot = index_slot(true, stream);
+            if !matches!(self.indexes.get(slot), Some(Some(_))) {
+                self.create_index(slot);
+            }
+        }
+        let o = self.slab.blocks[border as usize];
+        let kb = &mut self.slab.blocks[keep as usize];
+        let merged = kb.size + o.size;
+        if let Some((stream, pos)) = tag {
+            kb.tagged = true;
+            kb.settled = false;
+            kb.stream = stream;
+            kb.pos = pos;
+        } else if o.settled {
+            kb.stream = settled_stream(kb, &o);
+            kb.settled = true;
+            kb.pos = kb.pos.max(o.pos);
+        }
+        kb.cls = BORDER;
+        kb.prev_free = NIL;
+        kb.next_free = NIL;
+        self.border_bytes =
+            (self.border_bytes.0 - o.size + merged, if tag.is_some() { merged } else { 0 });
+        self.border = keep;
+        self.slab.absorb_next(keep, border);
+        keep
     }
 
     /// Settles the frees the host has observed: every free block of a stream `s` freed below
@@ -326,12 +447,52 @@ impl Engine {
     /// O(free blocks of the streams whose bound moved): each free is settled at most once,
     /// blocks freed after the observation are looked at again at the next call.
     pub fn settle(&mut self, order: &dyn StreamOrder) {
+        self.settle_below(order, None);
+    }
+
+    /// [`Engine::settle`] for the frees the device has completed as well, when `order`
+    /// allows the opportunistic rule (rule 3): every stream may take such a block under that
+    /// rule, so it need not stay apart from the free blocks of other streams either (a
+    /// private slot's frees settle as by [`Engine::settle`] only). Called
+    /// when `requester` takes another stream's border block under that rule (streams used in
+    /// turn): the frees of the stream before it merge again, and `requester`'s frees next to
+    /// them merge with them (it is the only stream freeing since), so memory several streams
+    /// freed comes back together without a host synchronisation. A reuse of memory settled
+    /// this way counts as opportunistic (see [`SETTLED_ON_COMPLETION`]), and every stream may
+    /// use it from then on, as memory the host observed.
+    ///
+    /// # Time Complexity
+    ///
+    /// As [`Engine::settle`].
+    pub(crate) fn settle_completed(&mut self, requester: StreamSlot, order: &dyn StreamOrder) {
+        self.settle_below(order, Some(requester));
+    }
+
+    /// [`Engine::settle`] (`requester` `None`: below the host-observed bounds) or
+    /// [`Engine::settle_completed`] (below the completed bounds too, except `requester`'s
+    /// frees, whose eligibility `order` does not give).
+    fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) {
+        // Below `bound`, a block freed at or above `observed` settles on completion. A private
+        // slot's frees serve that slot only, whatever completed: the host settles them.
+        let private_from = self.private_from;
+        let bounds = |stream: StreamSlot| {
+            let e = order.eligibility(stream);
+            match requester {
+                Some(_) if stream < private_from => {
+                    (e.host_observed.max(e.completed), e.host_observed)
+                }
+                _ => (e.host_observed, e.host_observed),
+            }
+        };
         self.solo_freer = NO_FREER;
         let mut due: SmallVec<[u32; 16]> = SmallVec::new();
         for slot in 1..self.indexes.len() {
             let Some(ix) = self.indexes[slot].as_deref() else { continue };
             let stream = (slot - 1) as StreamSlot;
-            let bound = order.eligibility(stream).host_observed;
+            if requester == Some(stream) {
+                continue;
+            }
+            let (bound, observed) = bounds(stream);
             let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
             if ix.is_empty() || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
                 continue;
@@ -352,15 +513,9 @@ impl Engine {
             for &idx in &due {
                 // An earlier block of the list may have merged this one into itself.
                 let b = &self.slab.blocks[idx as usize];
-                if b.kind != Kind::Free || !b.tagged || b.stream != stream || b.pos >= bound {
-                    continue;
+                if b.kind == Kind::Free && b.tagged && b.stream == stream && b.pos < bound {
+                    self.settle_block(idx, b.pos >= observed);
                 }
-                self.remove_free(idx);
-                let b = &mut self.slab.blocks[idx as usize];
-                b.tagged = false;
-                b.settled = true;
-                b.pos = 0;
-                self.insert_free_coalesce(idx);
             }
             // Merges while settling may index a block here again (one that joined a tagged
             // block of this stream, freed at or above the bound): count after them.
@@ -370,5 +525,26 @@ impl Engine {
             }
             self.settled_below[slot] = (bound, inserts);
         }
+        // The border block, in no index.
+        if let Some(idx) = self.border_block() {
+            let b = &self.slab.blocks[idx as usize];
+            if b.tagged && requester != Some(b.stream) {
+                let (bound, observed) = bounds(b.stream);
+                if b.pos < bound {
+                    self.settle_block(idx, b.pos >= observed);
+                }
+            }
+        }
+    }
+
+    /// Untags tagged free block `idx`, settled (`on_completion`: its free was not observed
+    /// by the host, only completed), and merges it with its neighbours.
+    fn settle_block(&mut self, idx: u32, on_completion: bool) {
+        self.remove_free(idx);
+        let b = &mut self.slab.blocks[idx as usize];
+        b.tagged = false;
+        b.settled = true;
+        b.pos = if on_completion { SETTLED_ON_COMPLETION } else { 0 };
+        self.insert_free_coalesce(idx);
     }
 }

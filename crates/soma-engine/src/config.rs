@@ -1,5 +1,6 @@
 //! The engine's configuration, its tuning switches, and the rounding of requests.
 
+use crate::block::{Kind, NIL};
 use crate::{AllocError, Engine};
 
 /// Largest supported range (2^62 bytes), so that offset arithmetic never overflows.
@@ -66,10 +67,10 @@ impl EngineConfig {
 }
 
 impl Engine {
-    /// Bounds the size of one mapping (one segment). By default a growth of `n` bytes maps
-    /// segments of the largest power of two `<= n / 4` (at least one granule), aligned to
-    /// their size; `bytes` caps that further (rounded up to a power of two, at least one
-    /// granule; 0 restores the default). Smaller segments let recycling and
+    /// Bounds the size of one mapping (one segment). By default a growth is cut into as many
+    /// segments of equal size in whole granules as [`Engine::set_segments_per_growth`]
+    /// says; `bytes` (rounded up to a power of two, at least one granule; 0 restores the
+    /// default) raises that count until no segment is larger. Smaller segments let recycling and
     /// [`Engine::release`] return memory more finely — one granule per segment gives the
     /// least fragmentation — at the cost of more driver calls.
     pub fn set_max_segment(&mut self, bytes: u64) {
@@ -80,12 +81,15 @@ impl Engine {
         };
     }
 
-    /// Into how many segments (each unmapped whole) a growth is mapped, at least 1 (default
-    /// 4, doubled up to 16 while recycling falls short for want of finer segments, see
-    /// `growth::MAX_SPLIT_BOOST`; parts of a large block that later hold smaller ones can be
-    /// recycled piecewise; 1: one driver call per growth, for pools of long-lived memory such
-    /// as weights). Setting it fixes the count (no doubling). Segments are never smaller than
-    /// 1/512 of the reserved memory (see `growth::MIN_SEGMENT_FRACTION`).
+    /// Into how many segments (each unmapped whole, one [`Backing::map`] call each) a growth
+    /// is mapped, at least 1 (default 4, doubled up to 16 while recycling falls short for
+    /// want of finer segments, see `growth::MAX_SPLIT_BOOST`; parts of a large block that
+    /// later hold smaller ones can be recycled piecewise; 1: exactly one driver call per
+    /// growth, for pools of long-lived memory such as weights). Setting it fixes the count
+    /// (no doubling). A growth of fewer granules has one segment per granule, and segments
+    /// are never smaller than 1/512 of the reserved memory (see
+    /// `growth::MIN_SEGMENT_FRACTION`), so the count applies exactly to pools below 512
+    /// granules.
     pub fn set_segments_per_growth(&mut self, n: u64) {
         self.segments_per_growth = n.max(1);
         self.segments_fixed = true;
@@ -93,14 +97,26 @@ impl Engine {
     }
 
     /// Whether a growth that would raise `reserved` above its all-time high first unmaps
-    /// fully free recyclable segments elsewhere (`true`, the default; see the crate docs,
-    /// *Recycling*). `false`: growth never unmaps — after a warm-up in which the pool maps
-    /// what the workload's fragmentation needs, a repeating workload makes no driver calls,
-    /// at the price of a higher peak (what a pool that never gives memory back reaches).
-    /// Memory pressure still releases free segments ([`AllocError::OutOfMemory`] is the
-    /// last resort either way), and [`Engine::release`] is unaffected.
+    /// fully free recyclable segments elsewhere (see the crate docs, *Recycling*): `true`
+    /// keeps peak reserved memory close to peak used memory at the price of an unmap and a
+    /// map per recycled segment for as long as the workload's shapes keep changing. `false`
+    /// (the default): growth never unmaps, and a workload run again on the memory its first
+    /// run mapped makes no driver calls at all. Memory pressure still releases free
+    /// segments ([`AllocError::OutOfMemory`] is the last resort either way), and
+    /// [`Engine::release`] is unaffected.
     pub fn set_recycle_on_growth(&mut self, yes: bool) {
+        if yes == self.recycle_on_growth {
+            return;
+        }
+        // The free block below the top hole is the border block only without recycling.
+        let top_block = self.holes.iter().next_back().map(|(_, &h)| self.slab.blocks[h as usize]);
         self.recycle_on_growth = yes;
+        self.locate_border_end();
+        if let Some(t) = top_block.filter(|t| t.next == NIL && t.prev != NIL) {
+            if self.slab.blocks[t.prev as usize].kind == Kind::Free {
+                self.refile_free(t.prev);
+            }
+        }
     }
 
     /// When internal dependencies are allowed, take another stream's cached block with a

@@ -1,6 +1,6 @@
 //! The exhaustive consistency check behind [`Engine::check_invariants`].
 
-use crate::block::{Kind, NIL};
+use crate::block::{Kind, BORDER, NIL};
 use crate::coalesce::index_slot;
 use crate::tlsf::{class_index, FL, SL};
 use crate::Engine;
@@ -27,6 +27,7 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
     let (mut cur, mut prev, mut expect_off) = (e.first, NIL, 0u64);
     let (mut used, mut live, mut free_bytes, mut pending, mut mapped) = (0u64, 0u64, 0, 0, 0);
     let mut n_blocks = 0u64;
+    let (mut border, mut border_tagged, mut n_border) = (0u64, 0u64, 0u64);
     let mut mapped_runs: Vec<(u64, u64)> = Vec::new();
     while cur != NIL {
         let b = &blocks[cur as usize];
@@ -60,6 +61,37 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
                 free_bytes += b.size;
                 if b.tagged {
                     pending += b.size;
+                }
+                // From the block list, not `Engine::border_end`, which this checks.
+                let below_unmapped = !e.recycle_on_growth
+                    && b.next != NIL
+                    && blocks[b.next as usize].kind == Kind::Unmapped
+                    && blocks[b.next as usize].next == NIL;
+                ensure!(
+                    below_unmapped == e.below_the_top_hole(b),
+                    "free block {cur}: the recorded border end {} is stale",
+                    e.border_end
+                );
+                ensure!(
+                    below_unmapped == (b.cls == BORDER),
+                    "free block {cur}: border mark {} but the top hole after it {below_unmapped}",
+                    b.cls == BORDER
+                );
+                if below_unmapped {
+                    n_border += 1;
+                    ensure!(e.border == cur, "border block {cur} is not the one recorded");
+                    border += b.size;
+                    if b.tagged {
+                        border_tagged += b.size;
+                    }
+                    ensure!(
+                        b.prev_free == NIL && b.next_free == NIL,
+                        "border block {cur} is linked into a free list"
+                    );
+                    ensure!(
+                        e.indexes.get(index_slot(b.tagged, b.stream)).is_some_and(Option::is_some),
+                        "border block {cur}: its stream has no index"
+                    );
                 }
             }
             Kind::Unmapped => {
@@ -208,7 +240,16 @@ pub(super) fn check(e: &Engine) -> Result<(), String> {
         indexed += count;
     }
     let n_free = blocks.iter().filter(|b| b.kind == Kind::Free).count() as u64;
-    ensure!(indexed == n_free, "{indexed} indexed free blocks != {n_free} free blocks");
+    ensure!(
+        indexed + n_border == n_free,
+        "{indexed} indexed free blocks and {n_border} border blocks != {n_free} free blocks"
+    );
+    ensure!((n_border == 0) == (e.border == NIL), "the recorded border block is stale");
+    ensure!(
+        e.border_bytes == (border, border_tagged),
+        "border bytes {:?} != ({border}, {border_tagged})",
+        e.border_bytes
+    );
     Ok(())
 }
 

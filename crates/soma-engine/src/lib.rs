@@ -23,7 +23,13 @@
 //!   only with blocks of the same slot.
 //! * **Free indices** (`tlsf.rs`): one two-level segregated-fit index (rlsf-style bitmaps) per
 //!   stream slot that has freed memory, created lazily on that stream's first free, plus one
-//!   for untagged memory. O(1) insert / remove / class search.
+//!   for untagged memory. O(1) insert / remove / class search. Every free block is in the
+//!   index of its tag except, on an engine that does not recycle (the default), the *border
+//!   block*: the free block directly below the unmapped space that reaches the end of the
+//!   range, where growth extends the mapped memory. It is in no index and serves a request only when no indexed block fits (search order, step
+//!   3), like the top chunk of a `malloc`: a workload run again on memory mapped by its first
+//!   run then places every block where that run did, which needs no further mapping (with
+//!   frees on one stream and recycling off, exactly; `tests/border.rs`).
 //! * **Segments**: every [`Backing::map`] call creates one segment; segments are unmapped
 //!   whole, exactly as mapped, and only when every byte is free and no in-flight work can
 //!   touch it (untagged, or [`StreamOrder::is_complete`]). A bitset of segment boundaries
@@ -62,7 +68,9 @@
 //!    order. Best fit across streams; per stream at most [`CROSS_STREAM_BUDGET`] blocks are
 //!    examined when only some of its blocks are eligible (when all are — every `pos` is below
 //!    the bound — the search is the plain O(1) good fit).
-//! 3. **Growth** (maps memory, see below): extending an eligible free block adjacent to
+//! 3. **The border block** (no recycling), if the request fits it and `T` may use it (own,
+//!    untagged, or eligible as in step 2). O(log holes).
+//! 4. **Growth** (maps memory, see below): extending an eligible free block adjacent to
 //!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping
 //!    above the all-time reserved high, fully free *recyclable* segments elsewhere are
 //!    unmapped so that peak reserved memory does not grow while free physical memory sits
@@ -70,20 +78,20 @@
 //!    recyclable free segments are released like [`Engine::release`] does (highest first)
 //!    until at least the request's size went back, and growth is retried; if it still finds
 //!    no room, every recyclable segment is released and growth is tried once more.
-//! 4. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit
-//!    among any other stream's cached blocks (bounded like step 2); the returned
-//!    [`Allocation::dependency`] is the block's tag, which the caller must turn into a real
-//!    event wait. By default this step comes after growth; with
-//!    [`Engine::set_dependency_before_growth`]`(true)` it comes before step 3 and again
+//! 5. **Internal dependency** (only if [`StreamOrder::internal_dependencies`]): best fit
+//!    among any other stream's cached blocks (bounded like step 2), else another stream's
+//!    border block; the returned [`Allocation::dependency`] is the block's tag, which the
+//!    caller must turn into a real event wait. By default this step comes after growth; with
+//!    [`Engine::set_dependency_before_growth`]`(true)` it comes before step 4 and again
 //!    before each retry of growth.
-//! 5. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
+//! 6. Otherwise [`AllocError::OutOfMemory`] with an [`OomInfo`] that lists, per stream, the
 //!    cached bytes that were not eligible and the position to wait for.
 //!
 //! soma's pool sets [`Engine::set_dependency_before_growth`]`(true)` on every engine: when
 //! internal dependencies are allowed, every enabled reuse rule, rule 4 included, is tried
 //! before fresh memory is mapped (the order `docs/semantics.md` states). The engine's own
-//! default is CUDA's order, rule 4 after growth: CUDA's programming guide (stream ordered
-//! allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies` as the
+//! default is CUDA's order, rule 4 (step 5) after growth: CUDA's programming guide (stream
+//! ordered allocator, reuse policies) describes `cudaMemPoolReuseAllowInternalDependencies` as the
 //! fallback taken after failing to allocate and map more physical memory. The trade-off: an
 //! inserted dependency serialises two streams for the rest of their work — a cost the user
 //! cannot see and that can be far larger than a map call — while growth costs a driver call
@@ -99,47 +107,67 @@
 //! the rest of the last granule becomes untagged free memory that small allocations share.
 //! Newly mapped memory the block does not cover stays untagged.
 //!
-//! A growth of `n` bytes is mapped as several segments (one [`Backing::map`] call each): the
-//! largest power of two `<= n / 4`, at least one granule and at least the power of two
-//! below 1/512 of the reserved memory (within `n`), aligned to its size (capped by
-//! [`Engine::set_max_segment`]). Segments are the unit of unmapping, so a large block whose
-//! space is later reused by smaller ones can still give back its unused quarters. Measured
-//! on the PyTorch traces (see `tests/traces.rs`): one segment per growth leaves peak
-//! reserved / peak used at up to 1.088, four per growth at up to 1.026, one per granule at up
-//! to 1.018 — for 1×, ~6× and ~12× the map calls (measured before recycling took the
-//! smallest free blocks first; four per growth now gives up to 1.033).
+//! A growth of `n` bytes (whole granules) is mapped as `k` segments of equal size in whole
+//! granules (the first ones a granule larger when the granules do not divide evenly), one
+//! [`Backing::map`] call each: `k` is the segments per growth (4), but at most one per
+//! granule, few enough that none is smaller than 1/512 of the reserved memory (when that
+//! is more than a granule) and enough that none exceeds [`Engine::set_max_segment`]. A
+//! growth of 10 MiB in 2 MiB granules is four calls (4, 2, 2 and 2 MiB), one of 6 MiB
+//! three. Segments are the unit of unmapping (release, recycling), so a large block whose
+//! space is later reused by smaller ones can still give back its unused parts.
 //!
-//! The 4 adapts: when recycling falls short of the excess while the recyclable free blocks
-//! hold more whole granules than it found in whole segments — free memory in segments that
-//! live blocks still touch — and the growth leaves more than 1/64 of the live bytes mapped
-//! beyond them, later growths use twice as many segments, up to 16
-//! (`growth::MAX_SPLIT_BOOST`, `growth::REFINE_ABOVE`). Workloads whose recycling never falls
-//! short keep four and their map calls; on a GPT-2 request stream whose attention
-//! temporaries interleave with a growing KV cache four fixed gave 1.081, adaptive 1.023
-//! (BERT: 1.033 -> 1.008). [`Engine::set_segments_per_growth`] fixes the count instead.
+//! **Bursts.** A growth within 4 allocations of the previous one (`growth::GROWTH_BURST`)
+//! belongs to a pool growing fast; when it extends the mapped memory upward and recycling
+//! is off, it maps at least 1/64 of the all-time reserved high (`growth::BURST_CHUNK_FRACTION`,
+//! within the hole; the request's own size if the backing is out of memory for more). A
+//! pool growing to `n` bytes then makes O(log n) growths instead of one every few
+//! allocations; what the last growth of a burst maps ahead, at most 1/64 of the pool, is
+//! free memory for the next requests.
 //!
-//! **Recycling.** When a growth would raise `reserved` above its all-time high, the engine
-//! first unmaps fully free segments elsewhere whose free blocks are untagged or complete per
-//! [`StreamOrder::is_complete`] (the device can no longer touch them), taken from the
-//! *smallest* free blocks up — large free blocks stay whole to serve the requests they fit,
-//! as in best fit — and, among the fewest such candidates that cover the excess, the
-//! smallest segment that covers what remains, else the largest, until the excess is recycled
-//! or no candidate is left. Candidates are first the segments inside one free block of at
-//! least one granule (found through the free indices and a bitset of segment boundaries);
-//! when those do not cover the excess, an exhaustive scan also finds segments covered by
-//! several free blocks (such as blocks of different streams, which never merge). Memory freed on the requesting stream but not complete is *not*
-//! recycled: unmapping takes effect on the host immediately, not in stream order, so
-//! in-flight work could still touch it. Below the all-time high nothing is recycled: mapping
-//! then costs no peak memory, and recycling would only add driver calls.
+//! **No recycling (the default).** Growth only maps. With the border block served last
+//! (search order, step 3), a workload run again on the memory its first run mapped places
+//! every block where that run did and makes no driver call: on the PyTorch traces of
+//! `data/traces` replayed from empty, the second and later runs map and unmap nothing
+//! (`tests/traces.rs`, `trace_replayed_again_makes_no_driver_calls`), nor do the warm
+//! replays of RMM's `random_allocations`. Peak reserved memory is the address space the
+//! placement spans: 1.002–1.019× the live bytes on the PyTorch traces, 1.084× on BERT
+//! (`tests/traces.rs`, `without_recycling_limit`).
+//!
+//! **Recycling** ([`Engine::set_recycle_on_growth`]`(true)`). When a growth would raise
+//! `reserved` above its all-time high, the engine first unmaps fully free segments elsewhere
+//! whose free blocks are untagged or complete per [`StreamOrder::is_complete`] (the device
+//! can no longer touch them), taken from the *smallest* free blocks up — large free blocks
+//! stay whole to serve the requests they fit, as in best fit — and, among the fewest such
+//! candidates that cover the excess, the smallest segment that covers what remains, else
+//! the largest, until the excess is recycled or no candidate is left. Candidates are first
+//! the segments inside one free block of at least one granule (found through the free
+//! indices and a bitset of segment boundaries); when those do not cover the excess, an
+//! exhaustive scan also finds segments covered by several free blocks (such as blocks of
+//! different streams, which never merge). Memory freed on the requesting stream but not
+//! complete is *not* recycled: unmapping takes effect on the host immediately, not in stream
+//! order, so in-flight work could still touch it. Below the all-time high nothing is
+//! recycled: mapping then costs no peak memory, and recycling would only add driver calls.
+//! A recycling engine has no border block (its growth unmaps elsewhere to map at the top,
+//! and keeping the top block for last would only move more memory) and does not map ahead
+//! in bursts.
 //!
 //! Recycling trades driver calls for peak memory. On workloads whose shapes vary (the BERT
 //! trace, RMM's `random_allocations` with sizes up to 64 MiB and more) it keeps remapping in
-//! steady state — on the BERT trace about one unmap per 6 allocations, for a peak of 1.008×
-//! instead of 1.084× the live bytes; with uniformly random sizes up to 64 MiB about one per
-//! 3.6 allocations, up to 256 MiB about one per 1.2 until recycling pauses (below; recycling
-//! from the largest free blocks as well, before the smallest-first order, took 3.5–4× as
-//! many). [`Engine::set_recycle_on_growth`]`(false)` turns it off: growth only maps, the pool
-//! converges to what the workload needs and then makes no driver calls.
+//! steady state — on the BERT trace about one unmap per 6 allocations, every run, for a
+//! peak of 1.008× instead of 1.084× the live bytes; with uniformly random sizes up to 64 MiB
+//! about one per 3.6 allocations, up to 256 MiB about one per 1.2 until recycling pauses
+//! (below; recycling from the largest free blocks as well, before the smallest-first order,
+//! took 3.5–4× as many).
+//!
+//! Within recycling, the 4 segments per growth adapt: when recycling falls short of the
+//! excess while the recyclable free blocks hold more whole granules than it found in whole
+//! segments — free memory in segments that live blocks still touch — and the growth leaves
+//! more than 1/64 of the live bytes mapped beyond them, later growths use twice as many
+//! segments, up to 16 (`growth::MAX_SPLIT_BOOST`, `growth::REFINE_ABOVE`). Workloads whose
+//! recycling never falls short keep four and their map calls; on a GPT-2 request stream
+//! whose attention temporaries interleave with a growing KV cache four fixed gave 1.081,
+//! adaptive 1.023 (BERT: 1.033 -> 1.008). [`Engine::set_segments_per_growth`] fixes the
+//! count instead.
 //!
 //! Recycling pauses when it has become chronic: when more than 64 growths within 512
 //! allocations each recycled, growth stops recycling for the next 4096 allocations and maps
@@ -161,10 +189,14 @@
 //! four streams, 8 runs with a synchronisation between them, 4.43 of peak used instead of
 //! 2.06). Runs of a trace on four streams in turn with a synchronisation between them then
 //! place within 0.5 % of runs on one stream (`tests/traces.rs`,
-//! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`).
+//! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`). Without a
+//! synchronisation, a request that takes another stream's border block under rule 3 settles
+//! what the device has completed (`Engine::settle_completed`: those frees are eligible for
+//! every stream under that rule anyway), and the requester's frees then merge with it: runs
+//! on streams in turn place as on one stream (`tests/border.rs`).
 //!
-//! **Packing.** Recycling leaves unmapped holes between mapped segments. When the engine
-//! has emptied (nothing live) and segments were unmapped since it last packed, its next
+//! **Packing.** Recycling leaves unmapped holes between mapped segments. When a recycling
+//! engine has emptied (nothing live) and segments were unmapped since it last packed, its next
 //! allocation first moves the free segments lying entirely above `reserved` bytes from the
 //! start of the range into the lowest holes below (unmapped first, then the holes mapped:
 //! `reserved` ends where it was and its high-water mark does not move; only segments no
@@ -173,8 +205,8 @@
 //! long-lived blocks (weights) between the holes, the partial granules beside them stay
 //! mapped, and peak reserved creeps from run to run: on the BERT trace run again and again
 //! from empty, 1.007 → 1.058–1.072 within 5–20 runs, a batched GPT-2 decode whose rows
-//! retire 1.015 → 1.075; with packing 1.007 and 1.015 throughout (`tests/traces.rs`,
-//! `trace_fragmentation_over_replays`). A run that keeps what it leaves live (weights
+//! retire 1.015 → 1.075; with packing BERT stays at most 1.040 (`tests/traces.rs`,
+//! `trace_fragmentation_over_replays` with `SOMA_RECYCLE=1`). A run that keeps what it leaves live (weights
 //! resident, as a server or training loop does) never empties and needs none: it converges
 //! within 1.05 on its own.
 //!
@@ -257,6 +289,16 @@ pub struct Engine {
     first: u32,
     /// Free indices: `[0]` untagged, `[s + 1]` stream slot `s`; created lazily.
     indexes: Vec<Option<Box<FreeIndex>>>,
+    /// The border block (the free block directly below the unmapped space at the top of the
+    /// range, in no index: see `block::BORDER`), or `NIL`.
+    border: u32,
+    /// Bytes in the border block, and the same if it is tagged.
+    border_bytes: (u64, u64),
+    /// Where the border block ends: the start of the unmapped space that reaches the end of
+    /// the range, when recycling is off; `u64::MAX` otherwise. A free block is the border
+    /// block when it ends there (one compare on every free, instead of reading the block
+    /// after it).
+    border_end: u64,
     /// One past the last entry of `indexes` that belongs to a stream slot below the private
     /// ones: what the searches over other streams scan (private slots, numbered past every
     /// stream, would otherwise make them scan the empty entries of the streams between).
@@ -289,6 +331,9 @@ pub struct Engine {
     /// All-time high of `reserved` (not resettable): growth recycles only what would raise
     /// reserved memory above it.
     grow_mark: u64,
+    /// The allocation count at the last growth: a growth soon after it maps ahead (see
+    /// `growth::GROWTH_BURST`).
+    last_growth: Option<u64>,
     /// Recycle idle segments before growing above `grow_mark` (see
     /// [`Engine::set_recycle_on_growth`]).
     recycle_on_growth: bool,
@@ -346,6 +391,9 @@ impl Engine {
             slab,
             first,
             indexes,
+            border: block::NIL,
+            border_bytes: (0, 0),
+            border_end: 0,
             stream_span: 1,
             holes,
             segments: BTreeMap::new(),
@@ -360,7 +408,8 @@ impl Engine {
             split_boost: 0,
             segments_fixed: false,
             grow_mark: 0,
-            recycle_on_growth: true,
+            last_growth: None,
+            recycle_on_growth: false,
             recycle_rate: recycle::RecycleRate::default(),
             pack_wanted: false,
             dependency_first: false,

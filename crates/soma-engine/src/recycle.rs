@@ -131,34 +131,23 @@ impl Engine {
             for ix in self.indexes.iter().flatten() {
                 let mut cur = ix.head(cls / SL, cls % SL);
                 while cur != NIL {
-                    let b = &self.slab.blocks[cur as usize];
-                    // A segment is whole granules aligned to the granularity: a block
-                    // without an aligned granule holds none.
-                    let (lo, hi) = (align_up(b.offset, g), align_down(b.end(), g));
-                    if lo + g <= hi && recyclable_for(b, stream, order) {
-                        if hi <= protect.0 || lo >= protect.1 {
-                            granules_free += hi - lo;
-                        }
-                        // Inside mapped memory consecutive boundaries delimit one segment.
-                        let mut start = None;
-                        self.bounds.for_each_in(lo / g, hi / g, |i| {
-                            let end = i * g;
-                            if let Some(off) = start {
-                                if end <= protect.0 || off >= protect.1 {
-                                    cands.push((off, end - off, cur));
-                                    found += end - off;
-                                }
-                            }
-                            start = Some(end);
-                        });
-                    }
-                    cur = b.next_free;
+                    let seen = self.segments_inside(cur, protect, stream, order, &mut cands);
+                    found += seen.0;
+                    granules_free += seen.1;
+                    cur = self.slab.blocks[cur as usize].next_free;
                 }
             }
             if found >= need && last_cls == usize::MAX && !self.scans_every_list() {
                 last_cls = cls + 1;
             }
             next_cls = cls + 1;
+        }
+        // The border block is in no index: whatever its size, `choose_recycled` ranks it
+        // among the blocks listed.
+        if let Some(p) = self.border_block() {
+            let seen = self.segments_inside(p, protect, stream, order, &mut cands);
+            found += seen.0;
+            granules_free += seen.1;
         }
         // Segments covered by several free blocks are only found by the exhaustive scan,
         // O(blocks + segments). Free blocks of one stream (and never-used ones) always merge,
@@ -191,6 +180,41 @@ impl Engine {
         cands.clear();
         self.scratch = cands;
         Recycled { bytes: unmapped, too_coarse }
+    }
+
+    /// Appends to `out` the segments lying entirely inside free block `cur`, outside
+    /// `protect`, when `stream` may recycle it; returns their bytes and the bytes of whole
+    /// granules in the block outside `protect` (0 and 0 when it may not).
+    fn segments_inside(
+        &self,
+        cur: u32,
+        protect: (u64, u64),
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+        out: &mut Vec<(u64, u64, u32)>,
+    ) -> (u64, u64) {
+        let g = self.cfg.granularity;
+        let b = &self.slab.blocks[cur as usize];
+        // A segment is whole granules aligned to the granularity: a block without an
+        // aligned granule holds none.
+        let (lo, hi) = (align_up(b.offset, g), align_down(b.end(), g));
+        if lo + g > hi || !recyclable_for(b, stream, order) {
+            return (0, 0);
+        }
+        let granules = if hi <= protect.0 || lo >= protect.1 { hi - lo } else { 0 };
+        // Inside mapped memory consecutive boundaries delimit one segment.
+        let (mut start, mut found) = (None, 0);
+        self.bounds.for_each_in(lo / g, hi / g, |i| {
+            let end = i * g;
+            if let Some(off) = start {
+                if end <= protect.0 || off >= protect.1 {
+                    out.push((off, end - off, cur));
+                    found += end - off;
+                }
+            }
+            start = Some(end);
+        });
+        (found, granules)
     }
 
     #[cfg(test)]

@@ -252,7 +252,8 @@ impl Engine {
 
     /// After `Backing::unmap` of segment `[off, off + len)`: carves it out of the free
     /// blocks covering it (the first being `first`) into an unmapped block, merged with
-    /// unmapped neighbours.
+    /// unmapped neighbours; the free block below it becomes the border block when the
+    /// unmapped space reaches the end of the range.
     fn unmap_bookkeeping(&mut self, off: u64, len: u64, first: u32) {
         let end = off + len;
         let mut idx = first;
@@ -309,11 +310,20 @@ impl Engine {
             self.slab.absorb_next(u, n);
         }
         let p = self.slab.blocks[u as usize].prev;
-        if p != NIL && self.slab.blocks[p as usize].kind == Kind::Unmapped {
+        let hole = if p != NIL && self.slab.blocks[p as usize].kind == Kind::Unmapped {
             // `p` is already in the hole map under its own offset.
             self.slab.absorb_next(p, u);
+            p
         } else {
             self.holes.insert(self.slab.blocks[u as usize].offset, u);
+            u
+        };
+        self.locate_border_end();
+        // The free block below the hole becomes the border block if the hole reaches the
+        // end of the range now.
+        let below = self.slab.blocks[hole as usize].prev;
+        if below != NIL && self.slab.blocks[below as usize].kind == Kind::Free {
+            self.refile_free(below);
         }
         self.segments.remove(&off);
         self.pack_wanted = true;

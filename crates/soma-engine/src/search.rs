@@ -4,7 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::alloc::{OomInfo, PendingFrees};
-use crate::block::{Block, NIL};
+use crate::block::{Block, NIL, SETTLED_ON_COMPLETION};
 use crate::coalesce::index_slot;
 use crate::config::align_up;
 use crate::order::{bound_of, kind_for};
@@ -29,6 +29,8 @@ pub const CROSS_STREAM_BUDGET: usize = 32;
 pub(crate) fn untagged_kind(b: &Block, stream: StreamSlot) -> Option<ReuseKind> {
     b.settled.then_some(if b.stream == stream {
         ReuseKind::SameStream
+    } else if b.pos == SETTLED_ON_COMPLETION {
+        ReuseKind::Opportunistic
     } else {
         ReuseKind::HostSynchronized
     })
@@ -54,6 +56,9 @@ impl Engine {
             Some(untagged_kind(b, stream))
         } else if b.stream == stream {
             Some(Some(ReuseKind::SameStream))
+        } else if b.stream >= self.private_from {
+            // A private slot's blocks serve that slot only (`Engine::set_private_slots`).
+            None
         } else {
             kind_for(b.pos, &order.eligibility(b.stream)).map(Some)
         }
@@ -230,8 +235,36 @@ impl Engine {
         best.map(|(i, _, k)| (i, Some(k)))
     }
 
-    /// Step 4: best fit among other streams' blocks regardless of eligibility (never a
-    /// private slot's).
+    /// The border block (while recycling is off, the free block directly below the unmapped
+    /// space that reaches the end of the range, in no index), if there is one. O(1).
+    #[inline]
+    pub(crate) fn border_block(&self) -> Option<u32> {
+        (self.border != NIL).then_some(self.border)
+    }
+
+    /// After steps 1 and 2: the border block when `stream` may use it and the request fits,
+    /// with its reuse rule. It serves a request only when no indexed block fits, so that a
+    /// workload run again on mapped memory places its blocks as its first run did while the
+    /// pool grew: where that run extended the mapped memory at its top, the next one finds
+    /// the same border block, only larger.
+    #[inline(always)]
+    pub(crate) fn find_border(
+        &self,
+        size: u64,
+        align: u64,
+        stream: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> Option<(u32, Option<ReuseKind>)> {
+        let p = self.border_block()?;
+        let b = &self.slab.blocks[p as usize];
+        if !fits(b, size, align) {
+            return None;
+        }
+        self.eligible_kind(b, stream, order).map(|kind| (p, kind))
+    }
+
+    /// Step 4: best fit among other streams' indexed blocks regardless of eligibility, else
+    /// another stream's border block (never a private slot's).
     pub(crate) fn find_internal_dependency(
         &self,
         size: u64,
@@ -251,14 +284,28 @@ impl Engine {
                 }
             }
         }
+        // The border block, last.
+        if best.is_none() {
+            best = self.border_block().and_then(|p| {
+                let b = &self.slab.blocks[p as usize];
+                let other = b.tagged && b.stream != stream && b.stream < self.private_from;
+                (other && fits(b, size, align)).then_some((p, b.size))
+            });
+        }
         best.map(|(i, _)| {
             let b = &self.slab.blocks[i as usize];
             (i, FreeTag { stream: b.stream, pos: b.pos })
         })
     }
 
-    /// Visits every block of free index `slot`.
+    /// Visits every block of free index `slot`, and the border block if it belongs there.
     fn for_each_in_index(&self, slot: usize, mut f: impl FnMut(&Block)) {
+        if let Some(p) = self.border_block() {
+            let b = &self.slab.blocks[p as usize];
+            if index_slot(b.tagged, b.stream) == slot {
+                f(b);
+            }
+        }
         let Some(ix) = self.indexes.get(slot).and_then(|i| i.as_deref()) else {
             return;
         };
@@ -280,9 +327,10 @@ impl Engine {
 
     /// The exact largest free block: the maximum over each index's highest non-empty class
     /// list and the list just below it (a block sits in its own class's list or the one
-    /// below, so the largest block of an index is in one of these two).
+    /// below, so the largest block of an index is in one of these two), and the border
+    /// block.
     pub(crate) fn largest_free_block(&self) -> u64 {
-        let mut largest = 0;
+        let mut largest = self.border_block().map_or(0, |p| self.slab.blocks[p as usize].size);
         for ix in self.indexes.iter().flatten() {
             if let Some((fl, sl)) = ix.highest() {
                 let top = fl * SL + sl;
@@ -335,7 +383,9 @@ impl Engine {
         let own_slot = index_slot(true, stream);
         let mut pending: SmallVec<[PendingFrees; 4]> = SmallVec::new();
         for slot in 1..self.stream_span {
-            if slot == own_slot || self.indexes[slot].as_ref().is_none_or(|i| i.is_empty()) {
+            // A stream's index exists once it freed (border blocks are in none, see
+            // `Engine::insert_free`).
+            if slot == own_slot || self.indexes[slot].is_none() {
                 continue;
             }
             let s = (slot - 1) as StreamSlot;

@@ -59,9 +59,12 @@ impl Engine {
         let mut s = self.stats;
         s.mapped_segments = self.segments.len() as u64;
         s.largest_free_block = self.largest_free_block();
-        // Derived from the free indices (index 0 holds the untagged blocks).
-        s.free_bytes = self.indexes.iter().flatten().map(|ix| ix.bytes).sum();
-        s.pending_bytes = self.indexes.iter().skip(1).flatten().map(|ix| ix.bytes).sum();
+        // Derived from the free indices (index 0 holds the untagged blocks) and the border
+        // blocks, which are in none.
+        s.free_bytes =
+            self.indexes.iter().flatten().map(|ix| ix.bytes).sum::<u64>() + self.border_bytes.0;
+        s.pending_bytes = self.indexes.iter().skip(1).flatten().map(|ix| ix.bytes).sum::<u64>()
+            + self.border_bytes.1;
         s
     }
 
@@ -91,10 +94,13 @@ impl Engine {
         self.stats.reserved
     }
 
-    /// Free bytes cached on stream slot `slot` (tagged with it); O(1).
+    /// Free bytes cached on stream slot `slot` (tagged with it), the border block's included;
+    /// O(1).
     pub fn cached_bytes(&self, slot: StreamSlot) -> u64 {
         let ix = self.indexes.get(slot as usize + 1).and_then(|ix| ix.as_deref());
-        ix.map_or(0, |ix| ix.bytes)
+        let border = self.border_block().map(|p| &self.slab.blocks[p as usize]);
+        let in_border = border.filter(|b| b.tagged && b.stream == slot).map_or(0, |b| b.size);
+        ix.map_or(0, |ix| ix.bytes) + in_border
     }
 
     /// The stream slots that have freed memory here (ever), in slot order.

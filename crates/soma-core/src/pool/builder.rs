@@ -67,7 +67,7 @@ impl Default for MemPoolBuilder {
             native: false,
             passthrough: false,
             segments_per_growth: 0,
-            recycle_on_growth: true,
+            recycle_on_growth: false,
             stream_shards: 1,
             handle_type: HandleType::None,
         }
@@ -102,10 +102,13 @@ impl MemPoolBuilder {
     }
 
     /// CANN's C API defaults: every cross-stream reuse switch off, release threshold 0
-    /// (cached memory is released at every synchronisation).
+    /// (cached memory is released at every synchronisation), and recycling on growth (a pool
+    /// that gives its memory back at every synchronisation maps again on the next run anyway,
+    /// so it keeps its peak down between synchronisations too).
     pub fn cann_defaults(mut self) -> Self {
         self.reuse = ReusePolicy::NONE;
         self.release_threshold = Some(0);
+        self.recycle_on_growth = true;
         self
     }
 
@@ -150,9 +153,10 @@ impl MemPoolBuilder {
     /// Into how many separately releasable segments each growth is mapped (default 4, doubled
     /// up to 16 while recycling falls short for want of finer segments: parts of a large free
     /// block can be recycled piecewise, which keeps reserved memory close to used memory).
-    /// Setting it fixes the count. 1 makes one driver map call per growth — the right choice
-    /// for a pool of long-lived memory such as model weights, where it cuts loading time on
-    /// real drivers.
+    /// Setting it fixes the count. A growth of `g` granules makes exactly `min(n, g)` driver
+    /// map calls, its segments of equal size in whole granules; 1 makes exactly one call per
+    /// growth — the right choice for a pool of long-lived memory such as model weights,
+    /// where it cuts loading time on real drivers.
     /// Segments are never smaller than 1/512 of the memory reserved when they are mapped
     /// (so the count only applies while growths are small against the pool: below 1 GiB of
     /// 2 MiB granules, always).
@@ -161,20 +165,22 @@ impl MemPoolBuilder {
         self
     }
 
-    /// Whether growth keeps peak reserved memory down by *recycling* (default `true`): before
-    /// mapping beyond the pool's all-time reserved high, fully free segments elsewhere whose
-    /// frees have completed are unmapped, so that reserved memory tracks used memory even
-    /// when allocation sizes vary. The price is driver calls in steady state for workloads
-    /// whose shapes keep changing (an unmap and a map per recycled segment). A recycling
-    /// pool also *packs* when it empties: the first allocation after nothing was live moves
-    /// the free segments above its reserved size into the holes recycling left below, so the
-    /// next workload starts from one mapped run (see `docs/semantics.md`).
+    /// Whether growth keeps peak reserved memory down by *recycling* (default `false`):
+    /// before mapping beyond the pool's all-time reserved high, fully free segments elsewhere
+    /// whose frees have completed are unmapped, so that reserved memory tracks used memory
+    /// even when allocation sizes vary. The price is driver calls in steady state for
+    /// workloads whose shapes keep changing (an unmap and a map per recycled segment: on the
+    /// PyTorch BERT trace about 700 per run, for a peak of 1.008× the live bytes instead of
+    /// 1.084×). A recycling pool also *packs* when it empties: the first allocation after
+    /// nothing was live moves the free segments above its reserved size into the holes
+    /// recycling left below, so the next workload starts from one mapped run (see
+    /// `docs/semantics.md`).
     ///
-    /// `false`: growth only maps. After a warm-up in which the pool maps what the workload's
-    /// fragmentation needs, a repeating workload runs without driver calls; peak reserved is
-    /// then what a pool that never gives memory back reaches (on the PyTorch BERT trace 1.084×
-    /// the live bytes instead of 1.008×). Memory pressure, the release threshold and
-    /// [`MemPool::trim_to`] still release free memory.
+    /// `false` (the default): growth only maps, and a workload run again on the memory its
+    /// first run mapped makes no driver call at all; peak reserved is the address space the
+    /// placement of the workload spans (within 1.05× the live bytes on the PyTorch traces
+    /// but BERT's, 1.084×). Memory pressure, the release threshold and [`MemPool::trim_to`]
+    /// still release free memory.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -92,7 +92,7 @@ fn memory_mapped_between_two_streams_free_blocks_merges_with_one_of_them() {
     // stream 1. Packing maps S's granule into the hole, between P (stream 0) and R
     // (stream 1): the untagged memory joins P only — blocks of two streams never merge.
     let o = TestOrder::complete();
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     let mut b = backing();
     let blocks = granules_around_a_hole(&mut e, &mut b, &o, 4, 1);
     free(&mut e, &blocks[0], 0, 2);

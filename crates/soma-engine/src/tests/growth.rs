@@ -2,6 +2,7 @@
 //! memory and failed maps.
 
 use super::*;
+use crate::growth::GROWTH_BURST;
 use crate::*;
 
 #[test]
@@ -136,12 +137,53 @@ fn segments_are_at_least_a_512th_of_the_reserved_memory() {
     let small = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
     assert_eq!(b.maps, 4, "a small pool maps a growth as four segments");
     let big = alloc(&mut e, &mut b, &o, 8192 * MIB, 0);
+    // Requests served from cache, so that the next growth is not part of a burst.
+    free(&mut e, &small, 0, 1);
+    let pieces: Vec<_> = (0..GROWTH_BURST).map(|_| alloc(&mut e, &mut b, &o, MIB, 0)).collect();
     let maps = b.maps;
-    // 8224 MiB reserved: a 32 MiB growth is mapped as segments of 16 MiB, not 8 MiB.
-    let x = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
-    assert_eq!(b.maps - maps, 2);
+    // 8224 MiB reserved: segments of at least 16.06 MiB, so a 64 MiB growth is three
+    // segments of whole granules (22, 22 and 20 MiB), not four of 16 MiB.
+    let x = alloc(&mut e, &mut b, &o, 64 * MIB, 0);
+    assert_eq!(b.maps - maps, 3);
+    let sizes: Vec<u64> =
+        b.mappings().filter(|&(off, _)| off >= x.offset).map(|(_, size)| size).collect();
+    assert_eq!(sizes, [22 * MIB, 22 * MIB, 20 * MIB]);
     assert_eq!(e.stats().mapped_segments, b.mappings().count() as u64);
-    let _ = (small, big, x);
+    let _ = (big, x, pieces);
+}
+
+/// What the contract states: a growth of `n` granules is mapped as `min(segments per
+/// growth, n)` segments on a pool below 512 granules, whatever its size and alignment —
+/// one driver call per growth with one segment per growth.
+#[test]
+fn a_growth_makes_as_many_map_calls_as_it_has_segments() {
+    for (per_growth, mib, calls) in [
+        (4, 2, 1),
+        (4, 6, 3),
+        (4, 10, 4),
+        (4, 12, 4),
+        (4, 14, 4),
+        (4, 24, 4),
+        (4, 100, 4),
+        (1, 6, 1),
+        (1, 10, 1),
+        (1, 24, 1),
+        (1, 100, 1),
+        (1, 1000, 1),
+    ] {
+        let mut e = engine(1024 * G);
+        e.set_segments_per_growth(per_growth);
+        let mut b = backing();
+        let o = TestOrder::default();
+        // An unaligned start: a block of one granule first.
+        alloc(&mut e, &mut b, &o, G, 0);
+        let before = b.maps;
+        alloc(&mut e, &mut b, &o, mib * MIB, 0);
+        assert_eq!(b.maps - before, calls, "{mib} MiB with {per_growth} per growth");
+        let sizes: Vec<u64> = b.mappings().skip(1).map(|(_, size)| size).collect();
+        let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        assert!(max - min <= G, "segments of equal size in whole granules: {sizes:?}");
+    }
 }
 
 #[test]
@@ -178,8 +220,8 @@ fn recycling_short_of_whole_segments(e: &mut Engine, b: &mut FakeBacking, o: &Te
 #[test]
 fn recycling_short_of_whole_segments_refines_later_growths() {
     let o = TestOrder::complete();
-    let mut adaptive = engine(1 << 30);
-    let mut fixed = engine(1 << 30);
+    let mut adaptive = recycling_engine(1 << 30);
+    let mut fixed = recycling_engine(1 << 30);
     fixed.set_segments_per_growth(4);
     let (mut maps_of_next_growth, mut boosts) = (Vec::new(), Vec::new());
     for e in [&mut adaptive, &mut fixed] {
@@ -203,7 +245,7 @@ fn recycling_short_of_whole_segments_refines_later_growths() {
 fn frees_not_complete_do_not_refine_segments() {
     // Nothing freed can be recycled: finer segments would not have helped.
     let o = TestOrder::default();
-    let mut e = engine(1 << 30);
+    let mut e = recycling_engine(1 << 30);
     recycling_short_of_whole_segments(&mut e, &mut backing(), &o);
     assert_eq!(e.stats().unmap_calls, 0);
     assert_eq!(e.split_boost, 0);
@@ -214,7 +256,7 @@ fn segments_are_not_refined_when_the_pool_is_close_to_its_live_bytes() {
     // The same shortfall, next to 2 GiB of live memory: what the growth leaves mapped
     // beyond the live bytes is below 1/64 of them.
     let o = TestOrder::complete();
-    let mut e = engine(8 << 30);
+    let mut e = recycling_engine(8 << 30);
     let mut b = backing();
     alloc(&mut e, &mut b, &o, 2 << 30, 0);
     recycling_short_of_whole_segments(&mut e, &mut b, &o);
@@ -227,7 +269,7 @@ fn the_free_block_a_growth_extends_does_not_refine_segments() {
     // The only free granules are in the block the 40 MiB request extends into the hole
     // above it: recycling must not touch them, and finer segments would not change that.
     let o = TestOrder::complete();
-    let mut e = engine(1 << 30);
+    let mut e = recycling_engine(1 << 30);
     let mut b = backing();
     let a = alloc(&mut e, &mut b, &o, 32 * MIB, 0);
     free(&mut e, &a, 0, 1);
@@ -236,4 +278,39 @@ fn the_free_block_a_growth_extends_does_not_refine_segments() {
     assert_eq!(big.offset, MIB, "the free block was extended");
     assert_eq!(e.stats().unmap_calls, 0);
     assert_eq!(e.split_boost, 0);
+}
+
+#[test]
+fn a_growth_in_a_burst_maps_ahead() {
+    let mut e = engine(4096 * G);
+    let mut b = backing();
+    let o = TestOrder::default();
+    // The first growth follows none: exactly what it needs.
+    let base = alloc(&mut e, &mut b, &o, 128 * G, 0);
+    assert_eq!(e.reserved(), 128 * G);
+    // Right after it: at least 1/64 of the reserved high, 2 granules for 1 MiB.
+    let x = alloc(&mut e, &mut b, &o, MIB, 0);
+    assert_eq!(e.reserved(), 130 * G);
+    // The next requests take what was mapped ahead.
+    let maps = b.maps;
+    let small: Vec<_> = (0..GROWTH_BURST).map(|_| alloc(&mut e, &mut b, &o, MIB / 2, 0)).collect();
+    assert_eq!(b.maps, maps);
+    // More than GROWTH_BURST allocations after the last growth: exactly what is missing.
+    let before = e.reserved();
+    let y = alloc(&mut e, &mut b, &o, 3 * G, 0);
+    assert!(e.reserved() - before <= 3 * G, "{}", e.reserved() - before);
+    let _ = (base, x, small, y);
+}
+
+#[test]
+fn a_burst_that_the_device_cannot_hold_maps_what_the_request_needs() {
+    let mut e = engine(4096 * G);
+    let mut b = backing().with_capacity(129 * G);
+    let o = TestOrder::default();
+    let base = alloc(&mut e, &mut b, &o, 128 * G, 0);
+    // A 2-granule chunk does not fit the device; the request's one granule does.
+    let x = alloc(&mut e, &mut b, &o, MIB, 0);
+    assert_eq!(e.reserved(), 129 * G);
+    assert_eq!(e.stats().ooms, 0);
+    let _ = (base, x);
 }

@@ -1,6 +1,7 @@
 //! Engine tests: unit tests per behaviour (one file per part of the engine), a shadow-model
 //! property test and the trace replay.
 
+mod border;
 mod coalescing;
 mod growth;
 mod model;
@@ -29,6 +30,14 @@ pub(super) fn engine(range: u64) -> Engine {
         index_by_offset: true,
     })
     .unwrap()
+}
+
+/// [`engine`] with recycling on growth (off by default), for the tests of recycling and of
+/// what it leaves behind (holes, packing, finer segments).
+pub(super) fn recycling_engine(range: u64) -> Engine {
+    let mut e = engine(range);
+    e.set_recycle_on_growth(true);
+    e
 }
 
 pub(super) fn tag(stream: StreamSlot, pos: u64) -> FreeTag {

@@ -27,6 +27,8 @@ struct Params {
     max_segment: u64,
     index_by_offset: bool,
     dependency_first: bool,
+    /// Recycling on growth at the start (off by default; `Op::Recycle` switches it).
+    recycle: bool,
 }
 
 fn params_strategy() -> impl Strategy<Value = Params> {
@@ -36,14 +38,18 @@ fn params_strategy() -> impl Strategy<Value = Params> {
         any::<bool>(),
         prop_oneof![3 => Just(true), 1 => Just(false)],
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(granularity, alignment, per_granule, index_by_offset, dependency_first)| Params {
-                granularity,
-                alignment,
-                max_segment: if per_granule { granularity } else { 0 },
-                index_by_offset,
-                dependency_first,
+            |(granularity, alignment, per_granule, index_by_offset, dependency_first, recycle)| {
+                Params {
+                    granularity,
+                    alignment,
+                    max_segment: if per_granule { granularity } else { 0 },
+                    index_by_offset,
+                    dependency_first,
+                    recycle,
+                }
             },
         )
 }
@@ -62,6 +68,7 @@ enum Op {
     FailNextMap { oom: bool },
     FailNextUnmap,
     Capacity { granules: Option<u64> },
+    Recycle { on: bool },
 }
 
 fn size_strategy() -> impl Strategy<Value = u64> {
@@ -91,6 +98,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(|oom| Op::FailNextMap { oom }),
         1 => Just(Op::FailNextUnmap),
         1 => prop_oneof![Just(None), (4u64..40).prop_map(Some)].prop_map(|granules| Op::Capacity { granules }),
+        1 => any::<bool>().prop_map(|on| Op::Recycle { on }),
     ]
 }
 
@@ -118,6 +126,11 @@ struct Model {
     /// Per stream: the host-observed bound at the last settle (frees below it may have been
     /// settled).
     settled_below: [u64; STREAMS],
+    /// Per stream: the highest bound `Engine::settle_completed` may have settled below (the
+    /// host-observed bound, or the completed one under the opportunistic rule) at a reuse by
+    /// another stream under rule 3 or as host-synchronized, where the engine settles when
+    /// the block is another stream's border block.
+    completion_settled_below: [u64; STREAMS],
 }
 
 impl Model {
@@ -132,6 +145,7 @@ impl Model {
         .unwrap();
         e.set_max_segment(p.max_segment);
         e.set_dependency_before_growth(p.dependency_first);
+        e.set_recycle_on_growth(p.recycle);
         Model {
             p,
             range,
@@ -141,6 +155,7 @@ impl Model {
             live: Vec::new(),
             freed: Vec::new(),
             settled_below: [0; STREAMS],
+            completion_settled_below: [0; STREAMS],
         }
     }
 
@@ -221,11 +236,13 @@ impl Model {
             Some(kind) => {
                 // (A reuse may cover never-used memory too: untagged memory that merged
                 // into a tagged block takes the tag — conservative, never wrong. So may a
-                // free that was settled, host-observed at a settle: it merges into the
-                // tagged blocks beside it, and any stream may use it.)
+                // free that was settled, host-observed at a settle or completed at an
+                // opportunistic reuse: it merges into the tagged blocks beside it, and any
+                // stream may use it.)
                 for f in &prior {
                     let s = f.tag.stream as usize;
-                    let settled = f.tag.pos < self.settled_below[s];
+                    let settled = f.tag.pos < self.settled_below[s]
+                        || f.tag.pos < self.completion_settled_below[s];
                     let ok = settled
                         || match kind {
                             ReuseKind::SameStream => s == t,
@@ -240,6 +257,15 @@ impl Model {
                             }
                         };
                     assert!(ok, "{a:?} on stream {t}: {kind:?} does not justify {f:?}");
+                }
+            }
+        }
+        if matches!(a.reuse, Some(ReuseKind::Opportunistic | ReuseKind::HostSynchronized)) {
+            // The engine may have settled what completed on the other streams.
+            for (s, bound) in self.completion_settled_below.iter_mut().enumerate() {
+                if s != t {
+                    let completed = if c.opportunistic { c.complete_bound(s) } else { 0 };
+                    *bound = (*bound).max(completed.max(c.host_bound(s)));
                 }
             }
         }
@@ -412,6 +438,7 @@ impl Model {
             Op::Capacity { granules } => {
                 self.b.capacity = granules.map(|n| n * self.p.granularity);
             }
+            Op::Recycle { on } => self.e.set_recycle_on_growth(on),
         }
         self.b.fail_next_unmap = false;
         self.check_all();

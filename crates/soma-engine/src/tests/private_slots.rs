@@ -95,3 +95,29 @@ fn a_private_slots_blocks_serve_no_other_slot_until_settled() {
     assert_eq!((w.offset, w.reuse), (0, Some(ReuseKind::HostSynchronized)));
     e.check_invariants().unwrap();
 }
+
+/// A private slot's free at the top of the mapped memory is the border block, and serves no
+/// other stream under any rule either: another stream maps a new run above it.
+#[test]
+fn a_private_slots_border_block_serves_no_other_stream() {
+    let mut e = engine(8 * G);
+    e.set_private_slots(PRIVATE);
+    let mut b = backing();
+    let x = alloc(&mut e, &mut b, &TestOrder::default(), G, PRIVATE);
+    e.free_private(x.block, tag(PRIVATE, 1)).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(free_blocks_below(&e, 8 * G), [(0, G, Some(tag(PRIVATE, 1)))]);
+    assert_eq!(e.cached_bytes(PRIVATE), G, "the border block's bytes count");
+    // Every rule would allow it for an ordinary stream's free.
+    let all = TestOrder {
+        event: [(PRIVATE, 2)].into_iter().collect(),
+        completed: [(PRIVATE, 2)].into_iter().collect(),
+        internal: true,
+        ..TestOrder::default()
+    };
+    let y = alloc(&mut e, &mut b, &all, G, 0);
+    assert_eq!((y.offset, y.reuse), (G, None), "a new run above the private block");
+    e.check_invariants().unwrap();
+    assert_eq!(free_blocks_below(&e, G), [(0, G, Some(tag(PRIVATE, 1)))]);
+    assert_eq!(e.cached_bytes(PRIVATE), G);
+}

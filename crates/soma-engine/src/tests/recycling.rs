@@ -5,7 +5,7 @@ use crate::*;
 
 #[test]
 fn recycling_unmaps_complete_free_segments_before_mapping() {
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     e.segments_per_growth = 1;
     let mut b = backing();
     let mut o = TestOrder::default();
@@ -52,7 +52,7 @@ fn recycling_unmaps_complete_free_segments_before_mapping() {
 #[test]
 fn without_recycling_growth_only_maps() {
     for recycle in [true, false] {
-        let mut e = engine(64 * G);
+        let mut e = recycling_engine(64 * G);
         e.segments_per_growth = 1;
         e.set_recycle_on_growth(recycle);
         let mut b = backing();
@@ -83,7 +83,7 @@ fn without_recycling_growth_only_maps() {
 
 #[test]
 fn without_recycling_memory_pressure_still_releases() {
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     e.segments_per_growth = 1;
     e.set_recycle_on_growth(false);
     let mut b = backing().with_capacity(4 * G);
@@ -102,7 +102,7 @@ fn without_recycling_memory_pressure_still_releases() {
 
 #[test]
 fn recycling_finds_segments_split_between_streams() {
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     e.segments_per_growth = 1;
     let mut b = backing();
     let mut o = TestOrder::default();
@@ -132,7 +132,7 @@ fn recycling_finds_segments_split_between_streams() {
 
 #[test]
 fn recycling_takes_segments_of_the_smallest_free_blocks_first() {
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     let mut b = backing();
     let mut o = TestOrder::default();
     // [0, 2G) S: one 2-granule segment | guard | [3G, 7G) B: four 1-granule segments | guard
@@ -176,7 +176,7 @@ proptest::proptest! {
     fn recycling_ends_its_scan_early_without_changing_a_choice(
         ops in proptest::collection::vec((0u8..4, 1u64..(12 * MIB), 0u8..3), 1..250),
     ) {
-        let mut engines = [engine(64 * G), engine(64 * G)];
+        let mut engines = [recycling_engine(64 * G), recycling_engine(64 * G)];
         engines[1].recycle_scan_all = true;
         let mut backings = [backing(), backing()];
         let mut o = TestOrder::complete();
@@ -268,7 +268,7 @@ fn random_churn(
 #[test]
 fn chronic_recycling_pauses_and_the_reserved_high_rises() {
     use crate::recycle::{RECYCLE_BURST, RECYCLE_PAUSE, RECYCLE_WINDOW};
-    let mut e = engine(1 << 40);
+    let mut e = recycling_engine(1 << 40);
     let mut b = backing();
     // The allocation counts of the growths that recycled; when recycling paused, and the
     // reserved high-water mark then.
@@ -312,7 +312,7 @@ fn paused_recycling_still_releases_under_memory_pressure() {
     // A backing 12 % larger than the live bytes: once recycling pauses, growth runs into the
     // capacity and releases idle memory anywhere (as without recycling), so every
     // allocation still succeeds.
-    let mut e = engine(1 << 40);
+    let mut e = recycling_engine(1 << 40);
     let mut b = backing().with_capacity(1150 * G);
     random_churn(&mut e, &mut b, 6000, 16 * G, 1024 * G, |_, _| {});
     assert!(e.stats().recycling_pauses >= 1, "{:?}", e.stats());

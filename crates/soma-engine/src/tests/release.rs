@@ -162,7 +162,7 @@ fn empty_above_a_hole(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) {
 #[test]
 fn an_engine_that_empties_packs_its_mapped_memory_before_the_next_allocation() {
     let o = TestOrder::complete();
-    let mut e = engine(64 * G);
+    let mut e = recycling_engine(64 * G);
     let mut b = backing();
     empty_above_a_hole(&mut e, &mut b, &o);
     assert_eq!(mapped_ranges(&e), [(G, 3 * G)]);

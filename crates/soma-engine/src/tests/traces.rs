@@ -5,9 +5,10 @@
 //! Run with `cargo test -p soma-engine --lib trace_fragmentation -- --nocapture` to see the
 //! table. A missing directory skips the test with a printed reason.
 //!
-//! `complete = yes` replays as if every free had completed on the device by the next
-//! request (a device keeping up with the host), so fully free segments can be recycled;
-//! `no` as if none had (nothing can be unmapped, only reused in place).
+//! `recycle` says whether growth recycles (off by default). `complete = yes` replays as if
+//! every free had completed on the device by the next request (a device keeping up with the
+//! host), so fully free segments can be recycled; `no` as if none had (nothing can be
+//! unmapped, only reused in place).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -135,8 +136,9 @@ fn replay(
 fn trace_fragmentation() {
     let Some(paths) = trace_paths() else { return };
     println!(
-        "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7} {:>6} {:>6}",
+        "{:<26} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7} {:>6} {:>6}",
         "trace",
+        "recycle",
         "complete",
         "segments",
         "peak live",
@@ -149,13 +151,19 @@ fn trace_fragmentation() {
     for p in &paths {
         let text = read_trace(p);
         let events = parse(&text).unwrap();
-        // (frees complete for recycling, segment cap)
-        for (complete, seg) in [(true, 0), (false, 0), (true, G)] {
-            let (s, peak_req, records) = replay(&events, complete, |e| e.set_max_segment(seg));
+        // (recycling on growth, frees complete for recycling, segment cap)
+        for (recycle, complete, seg) in
+            [(false, true, 0), (true, true, 0), (true, false, 0), (true, true, G)]
+        {
+            let (s, peak_req, records) = replay(&events, complete, |e| {
+                e.set_recycle_on_growth(recycle);
+                e.set_max_segment(seg);
+            });
             let ratio = s.reserved_high as f64 / s.used_high as f64;
             println!(
-                "{:<26} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7.4} {:>6} {:>6} {:>8.1}",
+                "{:<26} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>7.4} {:>6} {:>6} {:>8.1}",
                 p.file_name().unwrap().to_string_lossy(),
+                if recycle { "on" } else { "off" },
                 if complete { "yes" } else { "no" },
                 if seg == 0 { "n/4" } else { "granule" },
                 peak_req,
@@ -171,7 +179,11 @@ fn trace_fragmentation() {
             let name = p.file_name().unwrap().to_string_lossy();
             // Recycling never becomes chronic on a real model's trace (`RECYCLE_BURST`).
             assert_eq!(s.recycling_pauses, 0, "{name}: recycling paused");
-            let limit = if complete { 1.05 } else { never_unmapping_limit(&name) };
+            let limit = match (recycle, complete) {
+                (false, _) => without_recycling_limit(&name),
+                (true, true) => 1.05,
+                (true, false) => never_unmapping_limit(&name),
+            };
             let in_whole_granules = in_granules(&s);
             assert!(
                 in_whole_granules <= limit,
@@ -187,11 +199,28 @@ fn in_granules(s: &EngineStats) -> f64 {
     s.reserved_high as f64 / s.used_high.next_multiple_of(G) as f64
 }
 
+/// The bar on peak reserved / peak used with the default settings (no recycling on growth),
+/// on one stream or several, from the first run on: 1.05 for every trace but BERT's. Without
+/// recycling, peak reserved memory is the address space the placement spans, which
+/// no driver call can shrink; on the BERT trace, 16 batches of padded lengths from 32 to 512,
+/// every online placement policy tried (best fit, first fit, last fit, best fit with small
+/// and large blocks at opposite ends, natural alignment, placing next to the most recently
+/// allocated neighbour) spans at least 1.06 of the live bytes, best fit 1.084; the bar there
+/// is that plus 0.01. Recycling (`set_recycle_on_growth(true)`) brings it to 1.008 at about
+/// 700 remaps per run.
+fn without_recycling_limit(trace: &str) -> f64 {
+    match trace.trim_end_matches(".gz").trim_end_matches(".csv") {
+        "bert_base_infer" => 1.084 + 0.01,
+        _ => 1.05,
+    }
+}
+
 /// The regression guard on peak reserved / peak used when nothing freed can be unmapped
-/// (frees not complete, or no recycling): what a pool that never unmaps reaches. The four
-/// traces of `data/traces` as measured (BERT 1.084) plus 0.01; other traces 1.30 (against gross regressions:
-/// a RoBERTa trace of varying batch shapes gives 1.13, the pure offset allocators 1.26).
-/// With completion known and recycling on, every trace must meet the 1.05 target.
+/// (frees not complete): what a pool that never unmaps reaches. The four traces of
+/// `data/traces` as measured (BERT 1.084) plus 0.01; other traces 1.30 (against gross
+/// regressions: a RoBERTa trace of varying batch shapes gives 1.13, the pure offset
+/// allocators 1.26). With completion known and recycling on, every trace must meet the 1.05
+/// target.
 fn never_unmapping_limit(trace: &str) -> f64 {
     let measured = match trace.trim_end_matches(".gz").trim_end_matches(".csv") {
         "bert_base_infer" => 1.084,
@@ -203,25 +232,30 @@ fn never_unmapping_limit(trace: &str) -> f64 {
     measured + 0.01
 }
 
-/// Without recycling on growth, a workload replayed again on the same engine (an inference
-/// server serving the same model) converges: by the third replay nothing is mapped, and
-/// peak reserved stays within what never unmapping costs ([`never_unmapping_limit`]).
+/// With the default settings, a workload replayed again on the same engine (an inference
+/// server serving the same model, a model loaded again) makes no driver call at all: from
+/// empty, the second run places every block where the first did (the border block is served
+/// last); with what a run leaves live kept, the third run (the second differs from the first
+/// by the allocations it skips). Nothing is ever unmapped.
 #[test]
-fn trace_replayed_without_recycling_makes_no_driver_calls() {
+fn trace_replayed_again_makes_no_driver_calls() {
     let Some(paths) = trace_paths() else { return };
     for p in &paths {
         let events = parse(&read_trace(p)).unwrap();
-        let runs = replay_repeatedly(&events, 3, Rerun::FromEmpty, Streams::One, |e| {
-            e.set_recycle_on_growth(false)
-        });
-        let maps: Vec<u64> = runs.iter().map(|&(_, maps, _)| maps).collect();
-        let unmaps: u64 = runs.iter().map(|&(_, _, unmaps)| unmaps).sum();
         let name = p.file_name().unwrap().to_string_lossy();
-        println!("{name}: maps per replay {maps:?}, unmaps {unmaps}");
-        assert_eq!(unmaps, 0, "{name}: growth never unmaps");
-        assert_eq!(maps[2], 0, "{name}: the third replay is served from cache");
-        let ratio = runs[2].0;
-        assert!(ratio <= never_unmapping_limit(&name), "{name}: {ratio}");
+        for (rerun, quiet_from) in [(Rerun::FromEmpty, 1), (Rerun::Resident, 2)] {
+            let runs = replay_repeatedly(&events, 3, rerun, Streams::One, |_| {});
+            let calls: Vec<(u64, u64)> = runs.iter().map(|&(_, m, u)| (m, u)).collect();
+            println!("{name}, {rerun:?}: maps / unmaps per replay {calls:?}");
+            assert!(calls.iter().all(|&(_, u)| u == 0), "{name}, {rerun:?}: {calls:?}");
+            assert!(calls[0].0 > 0, "{name}: the first run maps");
+            assert!(
+                calls[quiet_from..].iter().all(|&(m, _)| m == 0),
+                "{name}, {rerun:?}: {calls:?}"
+            );
+            let ratio = runs[2].0;
+            assert!(ratio <= without_recycling_limit(&name), "{name}, {rerun:?}: {ratio}");
+        }
     }
 }
 
@@ -422,14 +456,31 @@ fn replay_repeatedly(
     per_replay
 }
 
-/// A trace run again and again on one engine stays within the 1.05 target, both with what
-/// it leaves live kept (a server or a training loop: BERT 1.007 -> 1.011, GPT-2 training
-/// 1.017 -> 1.029 by the tenth run, then flat) and from empty (a model loaded again: BERT
-/// 1.007 throughout, GPT-2 training 1.017; without packing when the engine empties, BERT
-/// crept to 1.058-1.072 within 5-20 runs and GPT-2 training to 1.039), on one stream and
-/// with the runs on four streams in turn (GPT-2 training 1.034 resident and 1.036 from empty
-/// by the 15th run; without reuse of the other streams' completed frees BERT reaches 1.26 on
-/// the second run).
+/// The bar of [`trace_reruns_stay_within_target`] for runs on `streams`, recycling or not.
+///
+/// On one stream: [`without_recycling_limit`] by default (every run places as the first or
+/// the second did), 1.05 with recycling (BERT 1.007 -> 1.011 by the tenth run resident,
+/// at most 1.040 from empty; GPT-2 training at most 1.022; without packing when the engine
+/// empties, BERT crept to 1.058-1.072 within 5-20 runs).
+///
+/// On four streams in turn, without a synchronisation, the frees of one run stay tagged
+/// with its stream: the next run reuses them by the opportunistic rule but they do not merge
+/// with its own, so the next run places differently. By default GPT-2 training from empty
+/// reaches 1.056 by the second run (1.019 on one stream, and with a synchronisation between
+/// runs), BERT 1.091, the others at most 1.008; with recycling GPT-2 training 1.053 by the
+/// tenth run (without reuse of the other streams' completed frees BERT reaches 1.26 on the
+/// second run). The bar there is 1.06, or the one-stream bar when that is higher.
+fn rerun_limit(trace: &str, recycle: bool, streams: Streams) -> f64 {
+    let one_stream = if recycle { 1.05 } else { without_recycling_limit(trace) };
+    match streams {
+        Streams::One => one_stream,
+        _ => one_stream.max(1.06),
+    }
+}
+
+/// A trace run again and again on one engine stays within its bar ([`rerun_limit`]), both
+/// with what it leaves live kept (a server or a training loop) and from empty (a model
+/// loaded again), on one stream and on four in turn, with and without recycling.
 #[test]
 fn trace_reruns_stay_within_target() {
     let Some(paths) = trace_paths() else { return };
@@ -439,12 +490,18 @@ fn trace_reruns_stay_within_target() {
         let events = parse(&read_trace(p)).unwrap();
         let name = p.file_name().unwrap().to_string_lossy();
         for (rerun, streams) in RERUNS {
-            let runs = replay_repeatedly(&events, replays, rerun, streams, |_| {});
-            for (r, &(ratio, _, _)) in runs.iter().enumerate() {
-                assert!(
-                    ratio <= 1.05,
-                    "{name}, {rerun:?} on {streams:?}: run {r} reaches {ratio:.4}"
-                );
+            for recycle in [false, true] {
+                let limit = rerun_limit(&name, recycle, streams);
+                let runs = replay_repeatedly(&events, replays, rerun, streams, |e| {
+                    e.set_recycle_on_growth(recycle)
+                });
+                for (r, &(ratio, _, _)) in runs.iter().enumerate() {
+                    assert!(
+                        ratio <= limit,
+                        "{name}, {rerun:?} on {streams:?}, recycling {recycle}: run {r} \
+                         reaches {ratio:.4}"
+                    );
+                }
             }
         }
     }
@@ -452,13 +509,14 @@ fn trace_reruns_stay_within_target() {
 
 /// Peak reserved / peak used (and map / unmap calls) over repeated replays for each way of
 /// starting the next one ([`Rerun`]). Run with `--ignored --nocapture`; `SOMA_REPLAYS`
-/// (default 20).
+/// (default 20), `SOMA_RECYCLE=1` to recycle on growth.
 #[test]
 #[ignore = "measurement"]
 fn trace_fragmentation_over_replays() {
     let Some(paths) = trace_paths() else { return };
     let replays: usize =
         std::env::var("SOMA_REPLAYS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let recycle = std::env::var("SOMA_RECYCLE").is_ok_and(|v| v == "1");
     for p in &paths {
         let events = parse(&read_trace(p)).unwrap();
         let synchronized = [Rerun::Resident, Rerun::FromEmpty]
@@ -468,7 +526,11 @@ fn trace_fragmentation_over_replays() {
             let mut line =
                 format!("{name:<32} {:<10} {:<10}", format!("{rerun:?}"), format!("{streams:?}"));
             for (r, (ratio, maps, unmaps)) in
-                replay_repeatedly(&events, replays, rerun, streams, |_| {}).into_iter().enumerate()
+                replay_repeatedly(&events, replays, rerun, streams, |e| {
+                    e.set_recycle_on_growth(recycle)
+                })
+                .into_iter()
+                .enumerate()
             {
                 if r < 3 || r + 1 == replays || r % 5 == 4 {
                     line += &format!(" {r}:{ratio:.3}({maps}/{unmaps})");

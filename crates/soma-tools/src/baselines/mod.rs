@@ -3,11 +3,11 @@
 //! | type | what | unit / rounding | `reserved_high` is |
 //! |---|---|---|---|
 //! | [`SomaApi`] | soma's public API: `alloc_async::<u8>` → `PoolAlloc` dropped to free, on the software NPU | pool alignment (512 B default) | the pool's `reserved_high` (physical memory mapped, high-water) |
-//! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)`: growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
+//! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)` (the default): growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaStreams`] named `soma-4-streams` | the public API with ops on 4 streams in turn (op `k` on stream `k mod 4`), frees on another stream than the allocation's handed off through an event first | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaOwned`] | soma's owned API: `OwnedPool::alloc_async::<u8>` on an `OwnedStream` → `OwnedAlloc` dropped to free | pool alignment (512 B default) | the pool's `reserved_high` |
-//! | [`SomaEngine`] | soma's engine alone, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |
-//! | [`SomaEngine`] named `soma-engine-retain` ([`SomaEngine::with_recycling`]`(…, false)`) | the engine alone with `Engine::set_recycle_on_growth(false)`: growth only maps | 512 B | the engine's `reserved_high` |
+//! | [`SomaEngine`] | soma's engine alone with its default settings, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |
+//! | [`SomaEngine`] named `soma-engine-retain` / `soma-engine-recycle` ([`SomaEngine::with_recycling`]`(…, false / true)`) | the engine alone with `Engine::set_recycle_on_growth(false)` (the default: growth only maps) / `(true)` | 512 B | the engine's `reserved_high` |
 //! | [`OffsetAlloc`] | the `offset-allocator` crate (Sebastian Aaltonen's O(1) offset allocator) | 512 B units (its sizes are `u32`) | high-water end offset, rounded up to 2 MiB |
 //! | [`Tlsf`] | a TLSF (rlsf's algorithm: 2-level bitmaps, good fit, immediate coalescing) over an offset space, with out-of-band block records | 512 B | high-water end offset, rounded up to 2 MiB |
 //! | [`SomaReplica`] | CANN SOMA's algorithm: every request rounded up to 2 MiB, best fit over a `BTreeSet` of `(size, address)` free segments, neighbour merge | 2 MiB | high-water end offset (already 2 MiB multiples) |

@@ -17,26 +17,32 @@ pub struct SomaEngine {
     backing: FakeBacking,
     order: TestOrder,
     pos: u64,
-    recycle: bool,
+    name: &'static str,
 }
 
 impl SomaEngine {
     /// An engine over a `range` of bytes (a multiple of 2 MiB) with 2 MiB granules and
-    /// alignment `alignment`, recycling on growth (the engine's default); named
-    /// `soma-engine`.
+    /// alignment `alignment`, with the engine's default settings (no recycling on growth);
+    /// named `soma-engine`.
     ///
     /// # Panics
     /// An invalid configuration.
     pub fn new(range: u64, alignment: u64) -> SomaEngine {
-        SomaEngine::with_recycling(range, alignment, true)
+        SomaEngine::configured(range, alignment, None)
     }
 
-    /// As [`SomaEngine::new`], with `Engine::set_recycle_on_growth(recycle)`. `false` (growth
-    /// only maps, never unmaps free segments elsewhere) is named `soma-engine-retain`.
+    /// As [`SomaEngine::new`], with `Engine::set_recycle_on_growth(recycle)`: `false` (growth
+    /// only maps, never unmaps free segments elsewhere; the default) is named
+    /// `soma-engine-retain`, `true` `soma-engine-recycle`.
     ///
     /// # Panics
     /// An invalid configuration.
     pub fn with_recycling(range: u64, alignment: u64, recycle: bool) -> SomaEngine {
+        SomaEngine::configured(range, alignment, Some(recycle))
+    }
+
+    /// The engine of [`SomaEngine::new`], recycling on growth as `recycle` says if given.
+    fn configured(range: u64, alignment: u64, recycle: Option<bool>) -> SomaEngine {
         let mut engine = Engine::new(EngineConfig {
             range_size: range,
             granularity: GRANULE,
@@ -44,13 +50,20 @@ impl SomaEngine {
             index_by_offset: false,
         })
         .expect("engine configuration");
-        engine.set_recycle_on_growth(recycle);
+        let name = match recycle {
+            None => "soma-engine",
+            Some(false) => "soma-engine-retain",
+            Some(true) => "soma-engine-recycle",
+        };
+        if let Some(recycle) = recycle {
+            engine.set_recycle_on_growth(recycle);
+        }
         SomaEngine {
             engine,
             backing: FakeBacking::counting(),
             order: TestOrder::complete(),
             pos: 0,
-            recycle,
+            name,
         }
     }
 
@@ -68,11 +81,7 @@ impl SomaEngine {
 impl Allocator for SomaEngine {
     type Handle = BlockId;
     fn name(&self) -> &'static str {
-        if self.recycle {
-            "soma-engine"
-        } else {
-            "soma-engine-retain"
-        }
+        self.name
     }
     #[inline]
     fn alloc(&mut self, bytes: u64) -> Option<BlockId> {

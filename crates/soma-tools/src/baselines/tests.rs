@@ -136,6 +136,7 @@ fn retain_variants_are_named_and_never_unmap_on_growth() {
     let mut e = SomaEngine::new(RANGE, 512);
     let mut r = SomaEngine::with_recycling(RANGE, 512, false);
     assert_eq!((e.name(), r.name()), ("soma-engine", "soma-engine-retain"));
+    assert_eq!(SomaEngine::with_recycling(RANGE, 512, true).name(), "soma-engine-recycle");
     for _ in 0..3 {
         let h = replay(&mut r, &w.ops, w.slots);
         free_all(&mut r, h);

@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! valgrind --tool=callgrind soma-hotpath soma 64 100000
-//! soma-hotpath ALLOCATOR LIVE PAIRS     # ALLOCATOR: soma | soma-owned | soma-engine | offset-allocator | tlsf | torch-npu | llama-cpp
+//! soma-hotpath ALLOCATOR LIVE PAIRS [BLOCK]   # ALLOCATOR: soma | soma-owned | soma-engine[-retain] | offset-allocator | tlsf | torch-npu | llama-cpp
 //! soma-hotpath random ALLOCATOR N MAX_MIB [REPLAYS]   # RMM random_allocations replays instead
-//!                                                     # (also torch-npu | llama-cpp | soma-replica)
+//!                                                     # (also soma-recycle | soma-engine-recycle |
+//!                                                     #  torch-npu | llama-cpp | soma-replica)
 //! ```
 //!
 //! `random` replays the sequence `REPLAYS` times (default 1) on the same allocator, as RMM's
@@ -55,6 +56,9 @@ struct Cli {
     /// Alloc + free pairs to run.
     #[arg(required = true)]
     pairs: Option<u64>,
+    /// Bytes of each checkerboard block: with 4096 its holes can serve the request.
+    #[arg(default_value_t = 512)]
+    block: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,7 +68,7 @@ enum Random {
     /// instructions of one warm replay are the difference of two runs with different
     /// REPLAYS).
     Random {
-        /// The allocator (`-retain`: without recycling on growth).
+        /// The allocator (`-retain`: without recycling on growth, `-recycle`: with).
         #[arg(value_enum)]
         allocator: RandomAllocator,
         /// Allocations in the sequence.
@@ -84,8 +88,10 @@ enum PairsAllocator {
     Soma,
     /// The owned handles (`OwnedPool`, `OwnedAlloc`) on the software NPU.
     SomaOwned,
-    /// The engine alone, on a fake backing.
+    /// The engine alone, on a fake backing, with its default settings.
     SomaEngine,
+    /// The engine alone without recycling on growth.
+    SomaEngineRetain,
     /// The offset-allocator crate.
     OffsetAllocator,
     /// A TLSF allocator.
@@ -99,14 +105,16 @@ enum PairsAllocator {
 /// The allocators of the random_allocations replays.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum RandomAllocator {
-    /// The public API on the software NPU.
+    /// The public API on the software NPU, a pool with the default settings.
     Soma,
-    /// The public API without recycling on growth.
-    SomaRetain,
-    /// The engine alone, on a fake backing.
+    /// The public API, a pool built with `recycle_on_growth(true)`.
+    SomaRecycle,
+    /// The engine alone, on a fake backing, with its default settings.
     SomaEngine,
     /// The engine alone without recycling on growth.
     SomaEngineRetain,
+    /// The engine alone, recycling on growth.
+    SomaEngineRecycle,
     /// The offset-allocator crate.
     OffsetAllocator,
     /// A TLSF allocator.
@@ -119,8 +127,8 @@ enum RandomAllocator {
     LlamaCpp,
 }
 
-fn pairs<A: Allocator>(mut a: A, live: usize, n: u64) {
-    let w = checkerboard(live, 512);
+fn pairs<A: Allocator>(mut a: A, live: usize, n: u64, block: u64) {
+    let w = checkerboard(live, block);
     let handles = replay(&mut a, &w.ops, w.slots);
     let t = Instant::now();
     for _ in 0..n {
@@ -146,19 +154,22 @@ fn main() {
     let cli = Cli::parse();
     if let Some(Random::Random { allocator, n, max_mib: max, replays }) = cli.random {
         match allocator {
-            RandomAllocator::Soma | RandomAllocator::SomaRetain => {
+            RandomAllocator::Soma | RandomAllocator::SomaRecycle => {
                 let npu =
                     soma::sim::Npu::builder().capacity(capacity(512 << 10)).build().expect("npu");
                 let dev = npu.device(0).expect("device");
                 let s = dev.create_stream().expect("stream");
-                let recycle = matches!(allocator, RandomAllocator::Soma);
+                let recycle = matches!(allocator, RandomAllocator::SomaRecycle);
                 let pool = MemPool::builder().recycle_on_growth(recycle).build(&dev).expect("pool");
-                let name = if recycle { "soma" } else { "soma-retain" };
+                let name = if recycle { "soma-recycle" } else { "soma" };
                 random(SomaApi::named(&pool, &s, name), n, max, replays);
             }
             RandomAllocator::SomaEngine => random(SomaEngine::new(1 << 40, 512), n, max, replays),
             RandomAllocator::SomaEngineRetain => {
                 random(SomaEngine::with_recycling(1 << 40, 512, false), n, max, replays)
+            }
+            RandomAllocator::SomaEngineRecycle => {
+                random(SomaEngine::with_recycling(1 << 40, 512, true), n, max, replays)
             }
             RandomAllocator::OffsetAllocator => {
                 random(OffsetAlloc::new(1 << 40, (2 * n + 1024) as u32), n, max, replays)
@@ -170,6 +181,7 @@ fn main() {
         }
         return;
     }
+    let block = cli.block;
     let (Some(which), Some(live), Some(n)) = (cli.allocator, cli.live, cli.pairs) else {
         unreachable!("clap requires ALLOCATOR, LIVE and PAIRS without a subcommand");
     };
@@ -180,22 +192,25 @@ fn main() {
             let dev = npu.device(0).expect("device");
             let s = dev.create_stream().expect("stream");
             let pool = MemPool::builder().build(&dev).expect("pool");
-            pairs(SomaApi::new(&pool, &s), live, n);
+            pairs(SomaApi::new(&pool, &s), live, n, block);
         }
         PairsAllocator::SomaOwned => {
             let npu = soma::sim::Npu::builder().capacity(capacity(8192)).build().expect("npu");
             let dev = npu.device(0).expect("device");
             let s = dev.create_owned_stream().expect("stream");
             let pool = MemPool::builder().build_owned(&dev).expect("pool");
-            pairs(SomaOwned::new(pool, s), live, n);
+            pairs(SomaOwned::new(pool, s), live, n, block);
         }
-        PairsAllocator::SomaEngine => pairs(SomaEngine::new(RANGE, 512), live, n),
+        PairsAllocator::SomaEngine => pairs(SomaEngine::new(RANGE, 512), live, n, block),
+        PairsAllocator::SomaEngineRetain => {
+            pairs(SomaEngine::with_recycling(RANGE, 512, false), live, n, block)
+        }
         PairsAllocator::OffsetAllocator => {
-            pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n)
+            pairs(OffsetAlloc::new(RANGE, (2 * live + 1024) as u32), live, n, block)
         }
-        PairsAllocator::Tlsf => pairs(Tlsf::new(RANGE), live, n),
-        PairsAllocator::TorchNpu => pairs(TorchNpu::new(RANGE), live, n),
-        PairsAllocator::LlamaCpp => pairs(LlamaCppPrio::new(), live, n),
+        PairsAllocator::Tlsf => pairs(Tlsf::new(RANGE), live, n, block),
+        PairsAllocator::TorchNpu => pairs(TorchNpu::new(RANGE), live, n, block),
+        PairsAllocator::LlamaCpp => pairs(LlamaCppPrio::new(), live, n, block),
     }
 }
 
@@ -214,7 +229,10 @@ mod tests {
         let pairs = parse(&["soma-owned", "64", "100000"]).unwrap();
         assert!(pairs.random.is_none());
         assert!(matches!(pairs.allocator, Some(PairsAllocator::SomaOwned)));
-        assert_eq!((pairs.live, pairs.pairs), (Some(64), Some(100_000)));
+        assert_eq!((pairs.live, pairs.pairs, pairs.block), (Some(64), Some(100_000), 512));
+        let holey = parse(&["soma-engine-retain", "64", "10", "4096"]).unwrap();
+        assert!(matches!(holey.allocator, Some(PairsAllocator::SomaEngineRetain)));
+        assert_eq!(holey.block, 4096);
         let random = parse(&["random", "soma-engine-retain", "1000", "4"]).unwrap();
         let Some(Random::Random { allocator, n, max_mib, replays }) = random.random else {
             panic!("random: {random:?}");
@@ -233,7 +251,8 @@ mod tests {
     fn refuses_unknown_allocators_and_missing_counts() {
         for args in [
             &["soma", "64"][..],
-            &["soma-retain", "64", "10"],
+            &["soma-recycle", "64", "10"],
+            &["random", "soma-retain", "10", "1"],
             &["random", "soma-owned", "10", "1"],
             &["random", "soma", "10"],
             &["soma", "x", "10"],

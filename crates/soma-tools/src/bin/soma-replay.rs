@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! soma-replay TRACE.csv[.gz] [--alignment BYTES] [--max-size BYTES] [--release-threshold BYTES]
-//!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--no-recycle]
+//!             [--streams N] [--shards S] [--sync-every K] [--capacity BYTES] [--recycle]
 //!             [--replays R] [--resident] [--stream-per-replay] [--sync-per-replay] [--json]
 //! ```
 //!
@@ -19,7 +19,7 @@
 //! freeing stream), so frees cross streams in stream order and their blocks are reused
 //! across streams through those events. `--sync-every K` synchronizes the device every `K`
 //! ops (that is where the release threshold applies); by default nothing synchronizes until
-//! the end. `--no-recycle` builds the pool with `recycle_on_growth(false)`, `--shards S`
+//! the end. `--recycle` builds the pool with `recycle_on_growth(true)`, `--shards S`
 //! with `stream_shards(S)`. `--replays R` replays the trace `R` times on the same pool
 //! (what is live at the end of a replay is freed before the next: the model unloaded and
 //! loaded again); with `--resident` what the first replay leaves live (the weights, a
@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{ArgAction, Parser};
+use clap::Parser;
 use soma::{MemPool, PoolAlloc, Stream};
 use soma_tools::driver_cost::{DriverCalls, DriverCostModel};
 use soma_tools::trace::{Op, Trace};
@@ -81,9 +81,13 @@ struct Args {
     /// Device memory of the software NPU.
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "64G")]
     capacity: u64,
-    /// Builds the pool with `recycle_on_growth(false)` [default: recycling on].
-    #[arg(long = "no-recycle", action = ArgAction::SetFalse)]
+    /// Builds the pool with `recycle_on_growth(true)` [default: the pool's, off].
+    #[arg(long, overrides_with = "no_recycle")]
     recycle: bool,
+    /// Builds the pool with `recycle_on_growth(false)`, the pool's default; the last of
+    /// --recycle and --no-recycle counts.
+    #[arg(long, overrides_with = "recycle")]
+    no_recycle: bool,
     /// Replays the trace R times on the same pool; what is live at the end of a replay is
     /// freed before the next (the model unloaded and loaded again).
     #[arg(long, value_name = "R", value_parser = at_least_one, default_value_t = 1)]
@@ -476,7 +480,7 @@ mod tests {
             "--max-size",
             "1G",
             "--json",
-            "--no-recycle",
+            "--recycle",
             "--replays",
             "3",
             "--shards",
@@ -487,7 +491,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((a.streams, a.max_size, a.json), (Some(4), Some(1 << 30), true));
-        assert_eq!((a.recycle, a.replays, a.shards, a.resident), (false, 3, 2, true));
+        assert_eq!((a.recycle, a.replays, a.shards, a.resident), (true, 3, 2, true));
+        assert!(!parse(&["t", "--recycle", "--no-recycle"]).unwrap().recycle);
+        assert!(parse(&["t", "--no-recycle", "--recycle"]).unwrap().recycle);
         assert!(a.stream_per_replay && a.sync_per_replay);
         assert!(parse(&["--replays", "0", "t"]).is_err());
         assert!(parse(&["--streams", "0", "t"]).is_err());
@@ -504,7 +510,7 @@ mod tests {
             (None, None, None, None)
         );
         assert_eq!((a.shards, a.sync_every, a.capacity, a.replays), (1, 0, 64 << 30, 1));
-        assert!(a.recycle && !a.resident && !a.stream_per_replay && !a.sync_per_replay && !a.json);
+        assert!(!a.recycle && !a.resident && !a.stream_per_replay && !a.sync_per_replay && !a.json);
     }
 
     #[test]
