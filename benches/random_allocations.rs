@@ -15,9 +15,9 @@
 //!
 //! Allocators: the baselines (`soma_tools::baselines`, the replicas of torch_npu's and
 //! llama.cpp's pools among them), `soma` (the public API on one stream, default pool),
-//! `soma-4-streams` (the same, ops on 4 streams in turn), `soma-retain` (built with
-//! `recycle_on_growth(false)`, the same as the default) and the engine alone with its
-//! default settings and built without recycling.
+//! `soma-4-streams` (the same, ops on 4 streams in turn), `soma-recycle` (built with
+//! `recycle_on_growth(true)`: growth unmaps free segments to stay near the reserved
+//! high-water mark) and the engine alone with its default settings and with recycling.
 //!
 //! Before criterion, each instance replays twice outside criterion: the first replay (on the
 //! fresh instance, timed once) is the cold figure, the second (warm) gives the driver calls
@@ -294,15 +294,15 @@ fn fresh_allocators<'a>(
             }),
         ),
         (
-            "soma-retain",
+            "soma-recycle",
             Box::new(move |w: &Workload| {
-                first(SomaApi::named(&pool(Some(false)), s, "soma-retain"), w)
+                first(SomaApi::named(&pool(Some(true)), s, "soma-recycle"), w)
             }),
         ),
         ("soma-engine", Box::new(|w: &Workload| first(SomaEngine::new(RANGE, 512), w))),
         (
-            "soma-engine-retain",
-            Box::new(|w: &Workload| first(SomaEngine::with_recycling(RANGE, 512, false), w)),
+            "soma-engine-recycle",
+            Box::new(|w: &Workload| first(SomaEngine::with_recycling(RANGE, 512, true), w)),
         ),
         (
             "offset-allocator",
@@ -407,12 +407,12 @@ fn random(c: &mut Criterion) {
             // not timed).
             let pool = MemPool::builder().build(&dev).expect("pool");
             let pool4 = MemPool::builder().build(&dev).expect("pool");
-            let retaining = MemPool::builder().recycle_on_growth(false).build(&dev).expect("pool");
+            let recycling = MemPool::builder().recycle_on_growth(true).build(&dev).expect("pool");
             let mut api = SomaApi::new(&pool, &s);
             let mut api4 = SomaStreams::new(&pool4, &streams, "soma-4-streams");
-            let mut api_retain = SomaApi::named(&retaining, &s, "soma-retain");
+            let mut api_recycle = SomaApi::named(&recycling, &s, "soma-recycle");
             let mut engine = SomaEngine::new(RANGE, 512);
-            let mut engine_retain = SomaEngine::with_recycling(RANGE, 512, false);
+            let mut engine_recycle = SomaEngine::with_recycling(RANGE, 512, true);
             let mut offset = OffsetAlloc::new(RANGE, (2 * n + 1024) as u32);
             let mut tlsf = Tlsf::new(RANGE);
             let mut replica = SomaReplica::new(1 << 46);
@@ -420,9 +420,9 @@ fn random(c: &mut Criterion) {
             let mut llama = LlamaCppPrio::new();
             bench(&mut g, &mut facts, &cell, &w, &mut api);
             bench(&mut g, &mut facts, &cell, &w, &mut api4);
-            bench(&mut g, &mut facts, &cell, &w, &mut api_retain);
+            bench(&mut g, &mut facts, &cell, &w, &mut api_recycle);
             bench(&mut g, &mut facts, &cell, &w, &mut engine);
-            bench(&mut g, &mut facts, &cell, &w, &mut engine_retain);
+            bench(&mut g, &mut facts, &cell, &w, &mut engine_recycle);
             bench(&mut g, &mut facts, &cell, &w, &mut offset);
             bench(&mut g, &mut facts, &cell, &w, &mut tlsf);
             bench(&mut g, &mut facts, &cell, &w, &mut replica);
@@ -442,9 +442,9 @@ fn random(c: &mut Criterion) {
                 &mut [
                     &mut api,
                     &mut api4,
-                    &mut api_retain,
+                    &mut api_recycle,
                     &mut engine,
-                    &mut engine_retain,
+                    &mut engine_recycle,
                     &mut offset,
                     &mut tlsf,
                     &mut replica,

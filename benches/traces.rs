@@ -26,9 +26,9 @@
 //! Allocators: the baselines (the replicas of torch_npu's and llama.cpp's pools among them),
 //! `soma` (public API, one stream, default pool), `soma-4-streams` (ops on 4 streams in turn,
 //! cross-stream frees handed off through events), `soma-engine` (default settings), and the
-//! variants built explicitly without recycling on growth, `soma-retain` (a pool built with
-//! `recycle_on_growth(false)`) and `soma-engine-retain` — the same as the defaults, which
-//! do not recycle.
+//! variants that recycle on growth (unmapping free segments to stay near the reserved
+//! high-water mark), `soma-recycle` (a pool built with `recycle_on_growth(true)`) and
+//! `soma-engine-recycle`.
 
 // `criterion_group!` generates an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -146,15 +146,15 @@ fn allocators<'a>(
             }),
         ),
         (
-            "soma-retain",
+            "soma-recycle",
             Box::new(move |t: &Trace| {
-                cold_warm(SomaApi::named(&pool(Some(false)), s, "soma-retain"), t)
+                cold_warm(SomaApi::named(&pool(Some(true)), s, "soma-recycle"), t)
             }),
         ),
         ("soma-engine", Box::new(|t: &Trace| cold_warm(SomaEngine::new(RANGE, 512), t))),
         (
-            "soma-engine-retain",
-            Box::new(|t: &Trace| cold_warm(SomaEngine::with_recycling(RANGE, 512, false), t)),
+            "soma-engine-recycle",
+            Box::new(|t: &Trace| cold_warm(SomaEngine::with_recycling(RANGE, 512, true), t)),
         ),
         (
             "offset-allocator",
@@ -238,7 +238,7 @@ fn traces(c: &mut Criterion) {
         };
         for (builder, name) in [
             (MemPool::builder(), "soma"),
-            (MemPool::builder().recycle_on_growth(false), "soma-retain"),
+            (MemPool::builder().recycle_on_growth(true), "soma-recycle"),
         ] {
             let pool = builder.build(&dev).expect("pool");
             entries.push(memory(SomaApi::named(&pool, &s, name), &t, |_| soma_extra(&pool)));
@@ -247,7 +247,7 @@ fn traces(c: &mut Criterion) {
         entries.push(memory(SomaStreams::new(&pool, &streams, "soma-4-streams"), &t, |_| {
             soma_extra(&pool)
         }));
-        for engine in [SomaEngine::new(RANGE, 512), SomaEngine::with_recycling(RANGE, 512, false)] {
+        for engine in [SomaEngine::new(RANGE, 512), SomaEngine::with_recycling(RANGE, 512, true)] {
             entries.push(memory(engine, &t, |e| format!(",\"peak_used\":{}", e.stats().used_high)));
         }
         let max_allocs = (t.stats.max_live_count * 2 + 1024) as u32;
@@ -263,7 +263,7 @@ fn traces(c: &mut Criterion) {
         bench_api(&mut g, &t, &dev, &s, false);
         bench_api(&mut g, &t, &dev, &s, true);
         bench(&mut g, &t, || SomaEngine::new(RANGE, 512));
-        bench(&mut g, &t, || SomaEngine::with_recycling(RANGE, 512, false));
+        bench(&mut g, &t, || SomaEngine::with_recycling(RANGE, 512, true));
         bench(&mut g, &t, || OffsetAlloc::new(RANGE, max_allocs));
         bench(&mut g, &t, || Tlsf::new(RANGE));
         bench(&mut g, &t, || SomaReplica::new(1 << 46));
@@ -295,22 +295,22 @@ fn traces(c: &mut Criterion) {
 }
 
 /// Times replays of `t` through the public API, each on a fresh pool: the default one, or
-/// with `retain` one built with `recycle_on_growth(false)` (pool creation is not timed).
+/// with `recycle` one built with `recycle_on_growth(true)` (pool creation is not timed).
 fn bench_api<'d>(
     g: &mut BenchmarkGroup<'_, WallTime>,
     t: &Trace,
     dev: &'d soma::Device,
     s: &soma::Stream<'d>,
-    retain: bool,
+    recycle: bool,
 ) {
-    let name = if retain { "soma-retain" } else { "soma" };
+    let name = if recycle { "soma-recycle" } else { "soma" };
     g.bench_function(BenchmarkId::new(name, &t.name), |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let mut builder = MemPool::builder();
-                if retain {
-                    builder = builder.recycle_on_growth(false);
+                if recycle {
+                    builder = builder.recycle_on_growth(true);
                 }
                 let pool = builder.build(dev).expect("pool");
                 let mut a = SomaApi::named(&pool, s, name);

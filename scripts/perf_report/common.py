@@ -8,16 +8,16 @@ from collections import namedtuple
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 
-ALLOCATORS = ["soma", "soma-retain", "soma-engine", "soma-engine-retain", "offset-allocator",
+ALLOCATORS = ["soma", "soma-recycle", "soma-engine", "soma-engine-recycle", "offset-allocator",
               "tlsf", "soma-replica", "torch-npu", "llama-cpp", "first-fit", "driver"]
 BASELINES = ["offset-allocator", "tlsf", "soma-replica", "torch-npu", "llama-cpp", "first-fit"]
 # Every allocator of the cold / warm and driver tables: soma's public API on one and on 4
 # streams first, then the rest.
 WITH_STREAMS = ["soma", "soma-4-streams"] + ALLOCATORS[1:]
 # soma's variants measured against the baselines (ratio columns and targets).
-VARIANTS = ["soma-engine", "soma-engine-retain", "soma", "soma-retain"]
+VARIANTS = ["soma-engine", "soma-engine-recycle", "soma", "soma-recycle"]
 # The same, public API first (column order of the allocator tables).
-VARIANTS_API_FIRST = ["soma", "soma-retain", "soma-engine", "soma-engine-retain"]
+VARIANTS_API_FIRST = ["soma", "soma-recycle", "soma-engine", "soma-engine-recycle"]
 # The baselines of random_allocations' interleaved rounds (all but the slow first fit), and
 # every allocator of those rounds, in column order.
 PAIRED_BASELINES = [b for b in BASELINES if b != "first-fit"]

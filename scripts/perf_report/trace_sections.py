@@ -10,12 +10,12 @@ from .workload_tables import LEGEND, allocator_table
 def _memory_table(w, traces):
     """The peak reserved / fragmentation table of a traces.json, with the target verdicts."""
     w("| trace | peak live MiB | " + " | ".join(f"`{a}`" for a in ALLOCATORS) +
-      " | soma own | soma maps / unmaps | soma-retain maps / unmaps |")
+      " | soma own | soma maps / unmaps | soma-recycle maps / unmaps |")
     w("|---|---:|" + "---:|" * len(ALLOCATORS) + "---:|---:|---:|")
     frag_ok = True
     never_worse = True
     notes = []
-    retain = []
+    recycle = []
     for t in traces:
         peak = t["peak_live_requested"]
         al = t["allocators"]
@@ -36,9 +36,9 @@ def _memory_table(w, traces):
             return "—" if c is None else f"{c.get('map', 0)} / {c.get('unmap', 0)}"
         w(f"| {t['trace']} | {peak / MIB:.0f} | " + " | ".join(cells) +
           f" | {'—' if own is None else f'{own:.3f}'} | {calls('soma')} | "
-          f"{calls('soma-retain')} |")
-        if "soma-retain" in fr:
-            retain.append((t["trace"], fr["soma-retain"]))
+          f"{calls('soma-recycle')} |")
+        if "soma-recycle" in fr:
+            recycle.append((t["trace"], fr["soma-recycle"]))
         if fr.get("soma", 9) > 1.05:
             frag_ok = False
         better = [b for b in BASELINES + ["driver"] if b in fr and fr[b] < fr.get("soma", 0)]
@@ -51,11 +51,11 @@ def _memory_table(w, traces):
       f"{verdict(frag_ok)}.")
     w(f"- Target: never worse than any baseline — {verdict(never_worse)}" +
       (" (" + "; ".join(notes) + ")." if notes else "."))
-    if retain:
-        worst = max(retain, key=lambda x: x[1])
-        w(f"- Without recycling on growth (`soma-retain`, `soma-engine-retain`): "
-          f"fragmentation at most {worst[1]:.3f} ({worst[0]}); the 1.05 target is for the "
-          "default settings.")
+    if recycle:
+        worst = max(recycle, key=lambda x: x[1])
+        w(f"- With recycling on growth (`soma-recycle`, `soma-engine-recycle`): "
+          f"fragmentation at most {worst[1]:.3f} ({worst[0]}), paid for with driver calls on "
+          "every warm replay; the targets are for the default settings.")
 
 
 def _streams_table(w, rows):
@@ -123,7 +123,7 @@ def _reruns_table(w, rows):
       "unless said): *resident* keeps what the trace leaves live (weights, a training run's "
       "optimizer state) and repeats the rest — a server or a training loop (`--resident`); "
       "*from empty* frees everything between runs — a model unloaded and loaded again; "
-      "*retain* the same without recycling (`--no-recycle`); *4 streams in turn* runs each "
+      "*recycling* the same with recycling on growth (`--recycle`); *4 streams in turn* runs each "
       "run on one stream, the next on the next of 4 (`--streams 4 --stream-per-replay`: a "
       "server running its requests on its streams in turn; a run reuses the frees of the runs "
       "before it by the opportunistic rule); *synchronized* adds a device synchronize after "

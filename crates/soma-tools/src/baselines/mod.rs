@@ -3,7 +3,7 @@
 //! | type | what | unit / rounding | `reserved_high` is |
 //! |---|---|---|---|
 //! | [`SomaApi`] | soma's public API: `alloc_async::<u8>` → `PoolAlloc` dropped to free, on the software NPU | pool alignment (512 B default) | the pool's `reserved_high` (physical memory mapped, high-water) |
-//! | [`SomaApi`] named `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(false)` (the default): growth never unmaps free segments | pool alignment (512 B default) | the pool's `reserved_high` |
+//! | [`SomaApi`] named `soma-recycle` / `soma-retain` ([`SomaApi::named`]) | the same over a pool built with `MemPool::builder().recycle_on_growth(true)`: growth unmaps free segments to stay near the reserved high-water mark / `(false)`, the default: growth never unmaps | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaStreams`] named `soma-4-streams` | the public API with ops on 4 streams in turn (op `k` on stream `k mod 4`), frees on another stream than the allocation's handed off through an event first | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaOwned`] | soma's owned API: `OwnedPool::alloc_async::<u8>` on an `OwnedStream` → `OwnedAlloc` dropped to free | pool alignment (512 B default) | the pool's `reserved_high` |
 //! | [`SomaEngine`] | soma's engine alone with its default settings, over a counting fake backing, one stream whose frees count as complete | 512 B | the engine's `reserved_high` (bytes the fake backing had mapped, high-water) |

@@ -123,7 +123,7 @@ impl<'s, 'd> SomaApi<'s, 'd> {
 
     /// As [`SomaApi::new`], reported as `name` in benchmark ids and tables: a pool built with
     /// other settings than the default is a different allocator under test (the benches name
-    /// a pool built with `recycle_on_growth(false)` `soma-retain`). The name is the caller's
+    /// a pool built with `recycle_on_growth(true)` `soma-recycle`). The name is the caller's
     /// word; nothing checks it against the pool's settings.
     pub fn named(pool: &'s MemPool<'d>, stream: &'s Stream<'d>, name: &'static str) -> Self {
         SomaApi { pool, stream, name }
