@@ -144,7 +144,8 @@ pub extern "C" fn aclrtMemPoolDestroy(memPool: aclrtMemPool) -> aclError {
             st.destroyed = true;
         }
         rt.pools.remove(memPool)?;
-        // The last reference drops the pool: it waits for pending frees, unmaps, releases.
+        // The last reference drops the pool without blocking: the device gives back the
+        // memory of frees still pending on streams once they complete.
         drop(p);
         Ok(())
     })

@@ -309,11 +309,9 @@ pub(crate) fn apply(m: &mut Model, op: &Op) -> Result<(), String> {
             acl(free(a, s), "scratch free")?;
             m.scratch.as_mut().expect("scratch").1.clear();
             acl(aclrtMemPoolDestroy(h), "aclrtMemPoolDestroy")?;
+            // The destroy does not wait for the frees pending on `t` (the device gives their
+            // memory back once they complete): it observes nothing.
             m.scratch = None;
-            // The destroy waited for the frees pending on `t`: the engine may count that as
-            // a host observation of `t`.
-            let pos = m.st(t).tasks;
-            m.observe(t, pos);
             m.must_fail(AclError::ERROR_INVALID_PARAM, "free after pool destroy", || free(a, s))?;
             m.must_fail(AclError::ERROR_RT_INVALID_HANDLE, "alloc from a destroyed pool", || {
                 try_alloc(512, h, s).err().unwrap_or(AclError::SUCCESS)

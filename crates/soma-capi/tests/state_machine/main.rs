@@ -440,7 +440,9 @@ fn trim_to_less_than_a_granule_keeps_one_granule() {
         ops: vec![
             Op::Alloc { pool: 1, stream: 0, bytes: (2 << 20) + 1 },
             Op::Free { which: 0, stream: 2 },
-            Op::ScratchPool { bytes: 1, stream: 0 },
+            // The free observed, its memory kept under the threshold.
+            Op::SetThreshold { pool: 1, mib: 64 },
+            Op::SyncStream { stream: 0 },
             Op::Trim { pool: 1, mib: 1 },
             Op::Trim { pool: 1, mib: 0 },
         ],
@@ -538,4 +540,26 @@ fn recycled_granule_remapped_next_to_a_newer_block() {
             panic!("attempt {attempt}: {e}");
         }
     }
+}
+
+/// A program the property test found: destroying a pool on a stream does not wait for that
+/// stream, so a free pending there on another pool is not observed, and that pool need not
+/// release it at the next synchronisation of another stream.
+#[test]
+fn destroying_a_pool_observes_nothing_of_its_stream() {
+    let _g = lock();
+    let case = Case {
+        streams: 2,
+        switches: [[false, false, false], [true, false, false]],
+        ops: vec![
+            Op::Sleep { stream: 2, ms: 0 },
+            Op::CreateStream { slot: 1 },
+            Op::Alloc { pool: 0, stream: 0, bytes: 1 },
+            Op::Free { which: 0, stream: 2 },
+            Op::Alloc { pool: 1, stream: 0, bytes: 1 },
+            Op::ScratchPool { bytes: 1, stream: 2 },
+            Op::SyncStream { stream: 0 },
+        ],
+    };
+    run_case(&case).unwrap_or_else(|e| panic!("{e}"));
 }
