@@ -182,8 +182,9 @@ impl Engine {
         self.alloc_uncached(bytes, size, align, stream, order, backing)
     }
 
-    /// [`Engine::alloc`] when neither an indexed block nor the border block fits: rule 4
-    /// first if so configured, growth, release and retry, rule 4, out of memory.
+    /// [`Engine::alloc`] when neither an indexed block nor the border block fits: the
+    /// completed frees of other streams settled and searched again, rule 4 first if so
+    /// configured, growth, release and retry, rule 4, out of memory.
     #[allow(clippy::result_large_err, reason = "as Engine::alloc")]
     #[inline(never)]
     fn alloc_uncached<E>(
@@ -195,6 +196,18 @@ impl Engine {
         order: &dyn StreamOrder,
         backing: &mut dyn Backing<Error = E>,
     ) -> Result<Allocation, AllocError<E>> {
+        // Before growing (a driver call, and memory kept for good once warm): other streams'
+        // frees that completed are eligible under the opportunistic rule, and settled they
+        // merge with the memory beside them, so streams used in turn without a host
+        // synchronisation reuse what each other freed instead of growing at every turn.
+        if self.settle_completed(stream, order) > 0 {
+            if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
+                return Ok(self.commit_cached(idx, size, align, kind, None));
+            }
+            if let Some(a) = self.take_border(size, align, stream, order) {
+                return Ok(a);
+            }
+        }
         if self.dependency_first && order.internal_dependencies() {
             if let Some(a) = self.take_internal_dependency(size, align, stream) {
                 return Ok(a);
@@ -319,7 +332,7 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
     ) -> Option<(u32, Option<ReuseKind>)> {
-        self.settle_completed(stream, order);
+        let _ = self.settle_completed(stream, order);
         self.find_border(size, align, stream, order)
     }
 

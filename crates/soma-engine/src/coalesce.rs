@@ -447,7 +447,7 @@ impl Engine {
     /// O(free blocks of the streams whose bound moved): each free is settled at most once,
     /// blocks freed after the observation are looked at again at the next call.
     pub fn settle(&mut self, order: &dyn StreamOrder) {
-        self.settle_below(order, None);
+        let _ = self.settle_below(order, None);
     }
 
     /// [`Engine::settle`] for the frees the device has completed as well, when `order`
@@ -461,17 +461,24 @@ impl Engine {
     /// this way counts as opportunistic (see [`SETTLED_ON_COMPLETION`]), and every stream may
     /// use it from then on, as memory the host observed.
     ///
+    /// Returns how many free blocks it settled.
+    ///
     /// # Time Complexity
     ///
     /// As [`Engine::settle`].
-    pub(crate) fn settle_completed(&mut self, requester: StreamSlot, order: &dyn StreamOrder) {
-        self.settle_below(order, Some(requester));
+    pub(crate) fn settle_completed(
+        &mut self,
+        requester: StreamSlot,
+        order: &dyn StreamOrder,
+    ) -> usize {
+        self.settle_below(order, Some(requester))
     }
 
     /// [`Engine::settle`] (`requester` `None`: below the host-observed bounds) or
     /// [`Engine::settle_completed`] (below the completed bounds too, except `requester`'s
     /// frees, whose eligibility `order` does not give).
-    fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) {
+    fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) -> usize {
+        let mut settled = 0;
         // Below `bound`, a block freed at or above `observed` settles on completion. A private
         // slot's frees serve that slot only, whatever completed: the host settles them.
         let private_from = self.private_from;
@@ -481,6 +488,7 @@ impl Engine {
                 Some(_) if stream < private_from => {
                     (e.host_observed.max(e.completed), e.host_observed)
                 }
+                Some(_) => (0, 0),
                 _ => (e.host_observed, e.host_observed),
             }
         };
@@ -515,6 +523,7 @@ impl Engine {
                 let b = &self.slab.blocks[idx as usize];
                 if b.kind == Kind::Free && b.tagged && b.stream == stream && b.pos < bound {
                     self.settle_block(idx, b.pos >= observed);
+                    settled += 1;
                 }
             }
             // Merges while settling may index a block here again (one that joined a tagged
@@ -532,9 +541,11 @@ impl Engine {
                 let (bound, observed) = bounds(b.stream);
                 if b.pos < bound {
                     self.settle_block(idx, b.pos >= observed);
+                    settled += 1;
                 }
             }
         }
+        settled
     }
 
     /// Untags tagged free block `idx`, settled (`on_completion`: its free was not observed

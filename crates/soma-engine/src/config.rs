@@ -81,7 +81,7 @@ impl Engine {
         };
     }
 
-    /// Into how many segments (each unmapped whole, one [`Backing::map`] call each) a growth
+    /// Into how many segments (each unmapped whole, one [`Backing::map`](crate::Backing::map) call each) a growth
     /// is mapped, at least 1 (default 4, doubled up to 16 while recycling falls short for
     /// want of finer segments, see `growth::MAX_SPLIT_BOOST`; parts of a large block that
     /// later hold smaller ones can be recycled piecewise; 1: exactly one driver call per

@@ -70,7 +70,9 @@
 //!    the bound — the search is the plain O(1) good fit).
 //! 3. **The border block** (no recycling), if the request fits it and `T` may use it (own,
 //!    untagged, or eligible as in step 2). O(log holes).
-//! 4. **Growth** (maps memory, see below): extending an eligible free block adjacent to
+//! 4. **Growth** (maps memory, see below), after settling what the other streams freed and
+//!    the device completed (`Engine::settle_completed`, only under rule 3) and searching
+//!    steps 1–3 again if that settled anything: extending an eligible free block adjacent to
 //!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping
 //!    above the all-time reserved high, fully free *recyclable* segments elsewhere are
 //!    unmapped so that peak reserved memory does not grow while free physical memory sits
@@ -193,7 +195,9 @@
 //! synchronisation, a request that takes another stream's border block under rule 3 settles
 //! what the device has completed (`Engine::settle_completed`: those frees are eligible for
 //! every stream under that rule anyway), and the requester's frees then merge with it: runs
-//! on streams in turn place as on one stream (`tests/border.rs`).
+//! on streams in turn place as on one stream (`tests/border.rs`). A request about to grow
+//! settles the same way first, so that streams allocating in turn, each op on the next
+//! stream, reuse what the others freed instead of growing at every turn.
 //!
 //! **Packing.** Recycling leaves unmapped holes between mapped segments. When a recycling
 //! engine has emptied (nothing live) and segments were unmapped since it last packed, its next

@@ -260,8 +260,9 @@ impl Model {
                 }
             }
         }
-        if matches!(a.reuse, Some(ReuseKind::Opportunistic | ReuseKind::HostSynchronized)) {
-            // The engine may have settled what completed on the other streams.
+        {
+            // The engine may have settled what completed on the other streams (taking their
+            // border block, or before growing).
             for (s, bound) in self.completion_settled_below.iter_mut().enumerate() {
                 if s != t {
                     let completed = if c.opportunistic { c.complete_bound(s) } else { 0 };

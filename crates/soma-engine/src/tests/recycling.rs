@@ -101,7 +101,7 @@ fn without_recycling_memory_pressure_still_releases() {
 }
 
 #[test]
-fn recycling_finds_segments_split_between_streams() {
+fn frees_split_between_streams_merge_once_observed_instead_of_recycling() {
     let mut e = recycling_engine(64 * G);
     e.segments_per_growth = 1;
     let mut b = backing();
@@ -121,12 +121,15 @@ fn recycling_finds_segments_split_between_streams() {
     let z0 = alloc(&mut e, &mut b, &o, 4 * MIB, 3);
     assert_eq!(z0.reuse, None);
     assert!(b.unmap_log.is_empty());
-    // host-observed: a 4 MiB request on stream 4 cannot use the two 2 MiB blocks (they never
-    // merge) but recycles the segment they share
+    // host-observed: before growing, a 4 MiB request on stream 4 settles the two 2 MiB
+    // blocks, which merge and serve it: no unmap, no map
     o.host_observed.insert(1, 6);
     o.host_observed.insert(2, 6);
+    let maps = b.maps;
     let z = alloc(&mut e, &mut b, &o, 4 * MIB, 4);
-    assert!(b.unmap_log.contains(&(0, 4 * MIB)), "{:?}", b.unmap_log);
+    assert_eq!((z.offset, z.reuse), (0, Some(ReuseKind::HostSynchronized)));
+    assert!(b.unmap_log.is_empty(), "{:?}", b.unmap_log);
+    assert_eq!(b.maps, maps);
     let _ = (z, z0, guard);
 }
 
