@@ -4,7 +4,7 @@
 # data/traces/*.gz are skipped) against two lists of patterns below, written with bracket
 # expressions so that this file does not match itself:
 #   - history_words (case-insensitive): words that tell how the code came about;
-#   - outside_refs: planning notes that do not ship with the repository, absolute machine
+#   - outside_refs (case-insensitive): planning notes that do not ship with the repository, absolute machine
 #     paths (work, root and home directories) and links to a sibling shared directory.
 #
 #   scripts/check-wording.sh     # exit 0 when clean, 1 with the offending lines otherwise
@@ -26,7 +26,7 @@ if [[ -n "$words" ]]; then
   echo "$words"
   failed=1
 fi
-refs=$(search "$outside_refs")
+refs=$(search -i "$outside_refs")
 if [[ -n "$refs" ]]; then
   echo "check-wording: references outside the repository in tracked files:"
   echo "$refs"

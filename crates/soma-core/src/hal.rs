@@ -462,7 +462,7 @@ pub trait DeviceHal: Send + Sync + 'static {
 
 /// A pool of the device's own stream-ordered allocator (CANN's `aclrtMemPool*`).
 ///
-/// Attribute ids and value meanings are the C API's (`docs/design.md`, *Attributes*); boolean
+/// Attribute ids and value meanings are the C API's (`docs/how-it-works.md`, *Attributes*); boolean
 /// switches are passed as 0 / 1.
 pub trait NativePoolHal: Send + Sync + 'static {
     /// The pool's size in bytes (rounded by the driver).
@@ -482,7 +482,7 @@ pub trait NativePoolHal: Send + Sync + 'static {
 /// A stream: tasks execute strictly in enqueue order.
 ///
 /// Dropping the stream waits for everything enqueued on it to execute (or be skipped after an
-/// error) and stops its worker; nothing is left running.
+/// error) and ends its worker; nothing is left running.
 pub trait StreamHal: Send + Sync + 'static {
     /// A backend-unique id of this stream (for reports).
     fn id(&self) -> u64;
