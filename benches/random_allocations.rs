@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use serde_json::{json, Map, Value};
-use soma::{MemPool, Stream};
+use soma::Stream;
 use soma_tools::baselines::{
     Allocator, DriverCalls, DriverPath, FirstFit, LlamaCppPrio, OffsetAlloc, SomaApi, SomaEngine,
     SomaReplica, SomaStreams, Tlsf, TorchNpu,
@@ -277,26 +277,24 @@ fn fresh_allocators<'a>(
     fn first<A: Allocator>(mut a: A, w: &Workload) -> f64 {
         ns_per_op(timed_replay(&mut a, w), w)
     }
-    // The default pool (`None`), or one built with `recycle_on_growth`.
-    let pool = move |recycle: Option<bool>| {
-        let mut builder = MemPool::builder();
-        if let Some(r) = recycle {
-            builder = builder.recycle_on_growth(r);
-        }
-        builder.build(dev).expect("pool")
-    };
     vec![
-        ("soma", Box::new(move |w: &Workload| first(SomaApi::new(&pool(None), s), w))),
+        (
+            "soma",
+            Box::new(move |w: &Workload| first(SomaApi::new(&common::soma_pool(dev, false), s), w)),
+        ),
         (
             "soma-4-streams",
             Box::new(move |w: &Workload| {
-                first(SomaStreams::new(&pool(None), streams, "soma-4-streams"), w)
+                first(
+                    SomaStreams::new(&common::soma_pool(dev, false), streams, "soma-4-streams"),
+                    w,
+                )
             }),
         ),
         (
             "soma-recycle",
             Box::new(move |w: &Workload| {
-                first(SomaApi::named(&pool(Some(true)), s, "soma-recycle"), w)
+                first(SomaApi::named(&common::soma_pool(dev, true), s, "soma-recycle"), w)
             }),
         ),
         ("soma-engine", Box::new(|w: &Workload| first(SomaEngine::new(RANGE, 512), w))),
@@ -405,9 +403,9 @@ fn random(c: &mut Criterion) {
             ));
             // The public API: one pool per cell, reused by every replay (pool creation is
             // not timed).
-            let pool = MemPool::builder().build(&dev).expect("pool");
-            let pool4 = MemPool::builder().build(&dev).expect("pool");
-            let recycling = MemPool::builder().recycle_on_growth(true).build(&dev).expect("pool");
+            let pool = common::soma_pool(&dev, false);
+            let pool4 = common::soma_pool(&dev, false);
+            let recycling = common::soma_pool(&dev, true);
             let mut api = SomaApi::new(&pool, &s);
             let mut api4 = SomaStreams::new(&pool4, &streams, "soma-4-streams");
             let mut api_recycle = SomaApi::named(&recycling, &s, "soma-recycle");

@@ -129,26 +129,26 @@ fn allocators<'a>(
     fn cold_warm<A: Allocator>(mut a: A, t: &Trace) -> (f64, f64) {
         (timed_replay(&mut a, t), timed_replay(&mut a, t))
     }
-    // The default pool (`None`), or one built with `recycle_on_growth`.
-    let pool = move |recycle: Option<bool>| {
-        let mut builder = MemPool::builder();
-        if let Some(r) = recycle {
-            builder = builder.recycle_on_growth(r);
-        }
-        builder.build(dev).expect("pool")
-    };
     vec![
-        ("soma", Box::new(move |t: &Trace| cold_warm(SomaApi::new(&pool(None), s), t))),
+        (
+            "soma",
+            Box::new(move |t: &Trace| {
+                cold_warm(SomaApi::new(&common::soma_pool(dev, false), s), t)
+            }),
+        ),
         (
             "soma-4-streams",
             Box::new(move |t: &Trace| {
-                cold_warm(SomaStreams::new(&pool(None), streams, "soma-4-streams"), t)
+                cold_warm(
+                    SomaStreams::new(&common::soma_pool(dev, false), streams, "soma-4-streams"),
+                    t,
+                )
             }),
         ),
         (
             "soma-recycle",
             Box::new(move |t: &Trace| {
-                cold_warm(SomaApi::named(&pool(Some(true)), s, "soma-recycle"), t)
+                cold_warm(SomaApi::named(&common::soma_pool(dev, true), s, "soma-recycle"), t)
             }),
         ),
         ("soma-engine", Box::new(|t: &Trace| cold_warm(SomaEngine::new(RANGE, 512), t))),
@@ -236,14 +236,11 @@ fn traces(c: &mut Criterion) {
                 st.fragmentation()
             )
         };
-        for (builder, name) in [
-            (MemPool::builder(), "soma"),
-            (MemPool::builder().recycle_on_growth(true), "soma-recycle"),
-        ] {
-            let pool = builder.build(&dev).expect("pool");
+        for (recycle, name) in [(false, "soma"), (true, "soma-recycle")] {
+            let pool = common::soma_pool(&dev, recycle);
             entries.push(memory(SomaApi::named(&pool, &s, name), &t, |_| soma_extra(&pool)));
         }
-        let pool = MemPool::builder().build(&dev).expect("pool");
+        let pool = common::soma_pool(&dev, false);
         entries.push(memory(SomaStreams::new(&pool, &streams, "soma-4-streams"), &t, |_| {
             soma_extra(&pool)
         }));
@@ -308,11 +305,7 @@ fn bench_api<'d>(
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let mut builder = MemPool::builder();
-                if recycle {
-                    builder = builder.recycle_on_growth(true);
-                }
-                let pool = builder.build(dev).expect("pool");
+                let pool = common::soma_pool(dev, recycle);
                 let mut a = SomaApi::named(&pool, s, name);
                 let start = Instant::now();
                 let handles = replay(&mut a, &t.ops, t.slots);

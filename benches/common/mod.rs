@@ -208,3 +208,9 @@ pub fn maybe_selected(id: &str) -> bool {
         Filter::Plain { text, exact: false } => id.contains(&text),
     }
 }
+
+/// A pool of the public API with the default settings, or (`recycle`) built with
+/// `recycle_on_growth(true)`: the `soma` and `soma-recycle` allocators of the benches.
+pub fn soma_pool(dev: &soma::Device, recycle: bool) -> soma::MemPool<'_> {
+    soma::MemPool::builder().recycle_on_growth(recycle).build(dev).expect("pool")
+}
