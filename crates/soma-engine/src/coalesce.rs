@@ -59,6 +59,22 @@ fn tags_merge<const PRIVATE: bool>(
     }
 }
 
+/// Gives free block `kb`, absorbing free block `o`, the tag of the merge: `tag` when the
+/// merged block is tagged, else `o`'s settlement if `o` was settled.
+#[inline(always)]
+fn take_merged_tag(kb: &mut Block, o: &Block, tag: Option<(StreamSlot, u64)>) {
+    if let Some((stream, pos)) = tag {
+        kb.tagged = true;
+        kb.settled = false;
+        kb.stream = stream;
+        kb.pos = pos;
+    } else if o.settled {
+        kb.stream = settled_stream(kb, o);
+        kb.settled = true;
+        kb.pos = kb.pos.max(o.pos);
+    }
+}
+
 /// The `stream` of the merge of untagged block `b` with settled block `o`: `o`'s, unless
 /// `b` is settled by another stream.
 #[inline]
@@ -374,16 +390,7 @@ impl Engine {
         let added = merged - ib.size;
         let o = *o;
         let kb = &mut self.slab.blocks[keep as usize];
-        if let Some((stream, pos)) = tag {
-            kb.tagged = true;
-            kb.settled = false;
-            kb.stream = stream;
-            kb.pos = pos;
-        } else if o.settled {
-            kb.stream = settled_stream(kb, &o);
-            kb.settled = true;
-            kb.pos = kb.pos.max(o.pos);
-        }
+        take_merged_tag(kb, &o, tag);
         let ix = self.indexes[slot].as_mut().expect("a free block's index exists");
         if indexed != keep {
             ix.replace(&mut self.slab.blocks, indexed, keep);
@@ -409,16 +416,7 @@ impl Engine {
         let o = self.slab.blocks[border as usize];
         let kb = &mut self.slab.blocks[keep as usize];
         let merged = kb.size + o.size;
-        if let Some((stream, pos)) = tag {
-            kb.tagged = true;
-            kb.settled = false;
-            kb.stream = stream;
-            kb.pos = pos;
-        } else if o.settled {
-            kb.stream = settled_stream(kb, &o);
-            kb.settled = true;
-            kb.pos = kb.pos.max(o.pos);
-        }
+        take_merged_tag(kb, &o, tag);
         kb.cls = BORDER;
         kb.prev_free = NIL;
         kb.next_free = NIL;
