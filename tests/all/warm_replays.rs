@@ -157,3 +157,45 @@ fn random_allocations_on_streams_in_turn_hardly_grow_once_warm() {
     let warm: u64 = maps[1..].iter().sum();
     assert!(maps[0] > 0 && warm * 20 < maps[0], "maps per replay: {maps:?}");
 }
+
+/// Each op of a replay on the next of four streams (a free on another stream than the
+/// allocation's handed off through an event first), nothing synchronised: what one stream
+/// frees, the others may reuse once it completed, and an allocation settles it first while
+/// several streams free, so that it merges with the memory beside it whoever freed that.
+/// The bundled traces then place as on one stream and warm replays make no driver call.
+/// (With the sanitizer off, records and waits on idle streams complete at once: the replays
+/// are deterministic.)
+#[test]
+fn bundled_traces_with_ops_spread_over_four_streams_place_as_on_one_stream() {
+    let dir = bundled_trace_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
+    for p in &find_traces(&dir).unwrap() {
+        let trace = Trace::load(p).unwrap();
+        let npu = soma::sim::Npu::builder()
+            .capacity(16 << 30)
+            .sanitizer(soma::sim::SanitizerMode::Off)
+            .build()
+            .unwrap();
+        let dev = device_of(&npu);
+        let streams: Vec<_> = (0..4).map(|_| dev.create_stream().unwrap()).collect();
+        let pool = MemPool::builder().build(&dev).unwrap();
+        let mut maps = Vec::new();
+        for _ in 0..3 {
+            let before = pool.stats().map_calls;
+            let mut api = SomaStreams::new(&pool, &streams, "soma-4-streams");
+            let left = replay(&mut api, &trace.ops, trace.slots);
+            free_all(&mut api, left);
+            maps.push(pool.stats().map_calls - before);
+        }
+        let spread = pool.stats().fragmentation();
+        let one =
+            replay_on_one_pool(&trace.ops, trace.slots, 16 << 30, Replays { count: 1, streams: 1 })
+                .1;
+        // Without settling at allocations, BERT reached 1.39 and GPT-2 training 1.68.
+        assert!(
+            spread <= one + 0.005,
+            "{}: {spread:.4} spread over 4 streams vs {one:.4} on one",
+            trace.name
+        );
+        assert!(maps[0] > 0 && maps[1..] == [0, 0], "{}: maps per replay {maps:?}", trace.name);
+    }
+}

@@ -173,6 +173,9 @@ impl Engine {
         if self.pack_wanted && self.stats.live_blocks == 0 {
             self.pack_idle(order, backing);
         }
+        if self.settle_due() {
+            let _ = self.settle_completed(order);
+        }
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
@@ -200,7 +203,7 @@ impl Engine {
         // frees that completed are eligible under the opportunistic rule, and settled they
         // merge with the memory beside them, so streams used in turn without a host
         // synchronisation reuse what each other freed instead of growing at every turn.
-        if self.settle_completed(stream, order) > 0 {
+        if self.settle_completed_for(stream, order) > 0 {
             if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
                 return Ok(self.commit_cached(idx, size, align, kind, None));
             }
@@ -332,7 +335,7 @@ impl Engine {
         stream: StreamSlot,
         order: &dyn StreamOrder,
     ) -> Option<(u32, Option<ReuseKind>)> {
-        let _ = self.settle_completed(stream, order);
+        let _ = self.settle_completed_for(stream, order);
         self.find_border(size, align, stream, order)
     }
 

@@ -14,6 +14,23 @@ pub(crate) const NO_FREER: StreamSlot = StreamSlot::MAX;
 /// `Engine::solo_freer` once frees of two streams followed the last settle.
 pub(crate) const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
 
+/// While several streams free, an allocation settles the completed frees
+/// ([`Engine::settle_completed`]) once the frees since the last settle number at least
+/// 1 / `SETTLE_SPACING` of the free blocks that stayed pending then. Each settle looks at
+/// those blocks again, so the frees pay for it: O(`SETTLE_SPACING`) block visits per free.
+/// While the device keeps up, few stay pending and nearly every allocation settles, so that
+/// frees of streams used op by op merge as one stream's would; a stream with many frees in
+/// flight is looked at less often.
+pub const SETTLE_SPACING: u64 = 4;
+
+/// When [`Engine::settle_due`] last reset: the free count then, and how many more frees make
+/// the next settle due.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SettledAt {
+    pub(crate) frees: u64,
+    pub(crate) spacing: u64,
+}
+
 /// Index in `Engine::indexes` of the free index holding blocks with this tag state.
 #[inline]
 pub(crate) fn index_slot(tagged: bool, stream: StreamSlot) -> usize {
@@ -445,62 +462,88 @@ impl Engine {
     /// O(free blocks of the streams whose bound moved): each free is settled at most once,
     /// blocks freed after the observation are looked at again at the next call.
     pub fn settle(&mut self, order: &dyn StreamOrder) {
-        let _ = self.settle_below(order, None);
+        let _ = self.settle_below(order, false, None);
     }
 
     /// [`Engine::settle`] for the frees the device has completed as well, when `order`
     /// allows the opportunistic rule (rule 3): every stream may take such a block under that
     /// rule, so it need not stay apart from the free blocks of other streams either (a
-    /// private slot's frees settle as by [`Engine::settle`] only). Called
-    /// when `requester` takes another stream's border block under that rule (streams used in
-    /// turn): the frees of the stream before it merge again, and `requester`'s frees next to
-    /// them merge with them (it is the only stream freeing since), so memory several streams
-    /// freed comes back together without a host synchronisation. A reuse of memory settled
-    /// this way counts as opportunistic (see [`SETTLED_ON_COMPLETION`]), and every stream may
-    /// use it from then on, as memory the host observed.
+    /// private slot's frees settle as by [`Engine::settle`] only). The requesting stream's
+    /// own completed frees settle too, so that they merge with the rest. Called when several
+    /// streams freed since the last settle and enough frees happened since
+    /// ([`SETTLE_SPACING`]), when a stream takes another stream's border block under that
+    /// rule, and before growth: memory several streams freed comes back together without a
+    /// host synchronisation, as soon as the device completed the frees. A reuse of memory
+    /// settled this way by another stream than the one that freed it counts as
+    /// opportunistic (see [`SETTLED_ON_COMPLETION`]), and every stream may use it from then
+    /// on, as memory the host observed.
     ///
     /// Returns how many free blocks it settled.
     ///
     /// # Time Complexity
     ///
     /// As [`Engine::settle`].
-    pub(crate) fn settle_completed(
+    pub(crate) fn settle_completed(&mut self, order: &dyn StreamOrder) -> usize {
+        self.settle_below(order, true, None)
+    }
+
+    /// [`Engine::settle_completed`] but for `requester`'s own frees: before growth, and
+    /// when `requester` takes another stream's border block. Its frees stay its own (it may
+    /// use them anyway), so that a stream alone places as before, settled or not.
+    pub(crate) fn settle_completed_for(
         &mut self,
         requester: StreamSlot,
         order: &dyn StreamOrder,
     ) -> usize {
-        self.settle_below(order, Some(requester))
+        self.settle_below(order, true, Some(requester))
     }
 
-    /// [`Engine::settle`] (`requester` `None`: below the host-observed bounds) or
-    /// [`Engine::settle_completed`] (below the completed bounds too, except `requester`'s
-    /// frees, whose eligibility `order` does not give).
-    fn settle_below(&mut self, order: &dyn StreamOrder, requester: Option<StreamSlot>) -> usize {
-        let mut settled = 0;
+    /// Whether an allocation settles the completed frees first: several streams freed since
+    /// the last settle, and the frees since then number at least 1 / [`SETTLE_SPACING`] of
+    /// the blocks that stayed pending at the last settle (each settle looks at those again).
+    #[inline(always)]
+    pub(crate) fn settle_due(&self) -> bool {
+        self.solo_freer == SEVERAL_FREERS
+            && self.stats.frees - self.settled_at.frees >= self.settled_at.spacing
+    }
+
+    /// [`Engine::settle`] (below the host-observed bounds) or, `on_completion`,
+    /// [`Engine::settle_completed`] (below the completed bounds too), `except` a stream's
+    /// frees.
+    fn settle_below(
+        &mut self,
+        order: &dyn StreamOrder,
+        on_completion: bool,
+        except: Option<StreamSlot>,
+    ) -> usize {
+        let (mut settled, mut looked_at) = (0usize, 0usize);
         // Below `bound`, a block freed at or above `observed` settles on completion. A private
         // slot's frees serve that slot only, whatever completed: the host settles them.
         let private_from = self.private_from;
         let bounds = |stream: StreamSlot| {
-            let e = order.eligibility(stream);
-            match requester {
-                Some(_) if stream < private_from => {
-                    (e.host_observed.max(e.completed), e.host_observed)
-                }
-                Some(_) => (0, 0),
-                _ => (e.host_observed, e.host_observed),
+            let e = order.completion(stream);
+            if !on_completion {
+                (e.host_observed, e.host_observed)
+            } else if stream < private_from {
+                (e.host_observed.max(e.completed), e.host_observed)
+            } else {
+                (0, 0)
             }
         };
         self.solo_freer = NO_FREER;
         let mut due: SmallVec<[u32; 16]> = SmallVec::new();
         for slot in 1..self.indexes.len() {
             let Some(ix) = self.indexes[slot].as_deref() else { continue };
+            if ix.is_empty() {
+                continue;
+            }
             let stream = (slot - 1) as StreamSlot;
-            if requester == Some(stream) {
+            if except == Some(stream) {
                 continue;
             }
             let (bound, observed) = bounds(stream);
             let seen = self.settled_below.get(slot).copied().unwrap_or((0, 0));
-            if ix.is_empty() || bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
+            if bound == 0 || (bound <= seen.0 && ix.inserts == seen.1) {
                 continue;
             }
             due.clear();
@@ -509,6 +552,7 @@ impl Engine {
                 let mut cur = ix.head(fl, sl);
                 while cur != NIL {
                     let b = &self.slab.blocks[cur as usize];
+                    looked_at += 1;
                     if b.pos < bound {
                         due.push(cur);
                     }
@@ -535,7 +579,8 @@ impl Engine {
         // The border block, in no index.
         if let Some(idx) = self.border_block() {
             let b = &self.slab.blocks[idx as usize];
-            if b.tagged && requester != Some(b.stream) {
+            if b.tagged && except != Some(b.stream) {
+                looked_at += 1;
                 let (bound, observed) = bounds(b.stream);
                 if b.pos < bound {
                     self.settle_block(idx, b.pos >= observed);
@@ -543,6 +588,8 @@ impl Engine {
                 }
             }
         }
+        let pending = looked_at.saturating_sub(settled) as u64;
+        self.settled_at = SettledAt { frees: self.stats.frees, spacing: pending / SETTLE_SPACING };
         settled
     }
 

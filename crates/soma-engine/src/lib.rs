@@ -196,8 +196,14 @@
 //! what the device has completed (`Engine::settle_completed`: those frees are eligible for
 //! every stream under that rule anyway), and the requester's frees then merge with it: runs
 //! on streams in turn place as on one stream (`tests/border.rs`). A request about to grow
-//! settles the same way first, so that streams allocating in turn, each op on the next
-//! stream, reuse what the others freed instead of growing at every turn.
+//! settles the same way first. And while several streams free (each op on the next stream,
+//! frees handed off through events), every allocation settles what completed before it
+//! searches — the requesting stream's own frees included, so that they merge with the rest —
+//! once the frees since the last settle number at least 1 / [`SETTLE_SPACING`] of the blocks
+//! that stayed pending then (each settle looks at those again; the frees pay for it). Memory
+//! the streams freed then comes back together as one stream's would as soon as the device
+//! completes it: the bundled traces spread op by op over four streams place as on one stream
+//! (`tests/interleaved.rs`). Frees still in flight stay apart, tagged, until they complete.
 //!
 //! **Packing.** Recycling leaves unmapped holes between mapped segments. When a recycling
 //! engine has emptied (nothing live) and segments were unmapped since it last packed, its next
@@ -261,6 +267,7 @@ use tlsf::FreeIndex;
 pub use alloc::{AllocError, Allocation, FreeError, OomInfo, PendingFrees};
 pub use backing::{Backing, BackingError};
 pub use block::{BlockId, BlockInfo, BlockState, Blocks};
+pub use coalesce::SETTLE_SPACING;
 pub use config::{checked_align_up, EngineConfig, MAX_RANGE};
 pub use order::{Eligibility, FreeTag, ReuseKind, StreamOrder, StreamSlot};
 pub use release::TeardownError;
@@ -354,6 +361,9 @@ pub struct Engine {
     /// The only stream that freed since the last [`Engine::settle`], `NO_FREER` or
     /// `SEVERAL_FREERS` (see `Engine::coalescable`).
     solo_freer: StreamSlot,
+    /// When the last settle happened, in frees, and when the next one is due (see
+    /// `Engine::settle_due`).
+    settled_at: coalesce::SettledAt,
     /// The first private stream slot (see [`Engine::set_private_slots`]).
     private_from: StreamSlot,
 }
@@ -419,6 +429,7 @@ impl Engine {
             dependency_first: false,
             settled_below: Vec::new(),
             solo_freer: NO_FREER,
+            settled_at: coalesce::SettledAt::default(),
             private_from: StreamSlot::MAX,
         })
     }

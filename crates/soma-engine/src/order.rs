@@ -79,6 +79,15 @@ pub trait StreamOrder {
     /// Whether the free `tag` has completed on the device (used before unmapping: memory that
     /// in-flight work may still touch is never unmapped).
     fn is_complete(&self, tag: FreeTag) -> bool;
+
+    /// What every stream knows of stream `s`'s frees: [`Eligibility::host_observed`], and
+    /// [`Eligibility::completed`] when rule 3 is on; `event` is 0. Settling asks it, of the
+    /// requesting stream too (unlike [`StreamOrder::eligibility`]): below these bounds a
+    /// free may serve every stream. The default asks `eligibility`, which suits an order
+    /// without a requesting stream.
+    fn completion(&self, s: StreamSlot) -> Eligibility {
+        Eligibility { event: 0, ..self.eligibility(s) }
+    }
 }
 
 /// The rule under which a block freed at `pos` is eligible, in the documented order.

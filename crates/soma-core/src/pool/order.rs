@@ -44,17 +44,13 @@ impl<'a> Order<'a> {
 
 impl StreamOrder for Order<'_> {
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
-        if !is_stream_slot(s) {
-            return Eligibility::default();
-        }
-        let host_observed = self.device.slots.host_observed(s);
         let event = match self.requester {
-            Some(t) if self.reuse & FOLLOW_EVENT_DEPENDENCIES != 0 => t.clock().get(s),
+            Some(t) if self.reuse & FOLLOW_EVENT_DEPENDENCIES != 0 && is_stream_slot(s) => {
+                t.clock().get(s)
+            }
             _ => 0,
         };
-        let completed =
-            if self.reuse & OPPORTUNISTIC != 0 { self.device.slots.completed_bound(s) } else { 0 };
-        Eligibility { host_observed, event, completed }
+        Eligibility { event, ..self.completion(s) }
     }
 
     fn internal_dependencies(&self) -> bool {
@@ -63,6 +59,16 @@ impl StreamOrder for Order<'_> {
 
     fn is_complete(&self, tag: FreeTag) -> bool {
         is_stream_slot(tag.stream) && self.device.slots.is_complete(tag.stream, tag.pos)
+    }
+
+    fn completion(&self, s: StreamSlot) -> Eligibility {
+        if !is_stream_slot(s) {
+            return Eligibility::default();
+        }
+        let host_observed = self.device.slots.host_observed(s);
+        let completed =
+            if self.reuse & OPPORTUNISTIC != 0 { self.device.slots.completed_bound(s) } else { 0 };
+        Eligibility { host_observed, event: 0, completed }
     }
 }
 

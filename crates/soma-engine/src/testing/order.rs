@@ -184,6 +184,16 @@ impl StreamOrder for ClockOrder<'_> {
     fn is_complete(&self, tag: FreeTag) -> bool {
         tag.pos < self.clocks.complete_bound(tag.stream as usize)
     }
+
+    fn completion(&self, s: StreamSlot) -> Eligibility {
+        let c = self.clocks;
+        let s = s as usize;
+        Eligibility {
+            host_observed: c.host_bound(s),
+            event: 0,
+            completed: if c.opportunistic { c.complete_bound(s) } else { 0 },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 mod border;
 mod coalescing;
 mod growth;
+mod interleaved;
 mod model;
 mod private_slots;
 mod recycling;

@@ -204,6 +204,17 @@ impl Model {
         }
     }
 
+    /// After an allocation, served or not: the engine may have settled what completed
+    /// (while several streams free, the requesting stream's frees too; taking another
+    /// stream's border block, or before growing, the other streams').
+    fn may_have_settled(&mut self) {
+        let c = &self.clock;
+        for (s, bound) in self.completion_settled_below.iter_mut().enumerate() {
+            let completed = if c.opportunistic { c.complete_bound(s) } else { 0 };
+            *bound = (*bound).max(completed.max(c.host_bound(s)));
+        }
+    }
+
     /// Checks that allocation `a` for `stream` is justified, then records it.
     fn check_alloc(&mut self, a: Allocation, stream: u32, requested: u64, align: u64) {
         let min = self.p.alignment;
@@ -260,16 +271,7 @@ impl Model {
                 }
             }
         }
-        {
-            // The engine may have settled what completed on the other streams (taking their
-            // border block, or before growing).
-            for (s, bound) in self.completion_settled_below.iter_mut().enumerate() {
-                if s != t {
-                    let completed = if c.opportunistic { c.complete_bound(s) } else { 0 };
-                    *bound = (*bound).max(completed.max(c.host_bound(s)));
-                }
-            }
-        }
+        self.may_have_settled();
         self.forget(a.offset, end);
         self.live.push(Live { a, align });
     }
@@ -332,9 +334,11 @@ impl Model {
                             assert_ne!(p.stream, stream);
                         }
                         same_live_blocks(&before, &self.e.blocks().collect::<Vec<_>>());
+                        self.may_have_settled();
                     }
                     Err(AllocError::Backing(_)) => {
                         same_live_blocks(&before, &self.e.blocks().collect::<Vec<_>>());
+                        self.may_have_settled();
                     }
                     Err(e) => {
                         // only for inputs the strategy cannot produce validly

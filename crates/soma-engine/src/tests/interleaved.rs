@@ -1,0 +1,96 @@
+//! Streams used op by op (each allocation and free on the next stream, frees handed off
+//! through events): while several streams free, an allocation first settles what completed
+//! on the device, the requesting stream's frees included, so that memory freed by different
+//! streams merges as one stream's frees would — and what is still pending stays apart.
+
+use super::*;
+use crate::ReuseKind;
+
+/// Blocks of 1, 1, 1, 4 and 1 MiB at [0, 8 MiB) on stream 0: the first two are the adjacent
+/// pair, the fourth the larger block elsewhere that also fits the pair's size; the third and
+/// fifth stay live around it.
+fn pair_and_a_larger_block(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) -> [Allocation; 5] {
+    let sizes = [MIB, MIB, MIB, 4 * MIB, MIB];
+    let blocks = sizes.map(|s| alloc(e, b, o, s, 0));
+    let offsets = blocks.map(|a| a.offset);
+    assert_eq!(offsets, [0, MIB, 2 * MIB, 3 * MIB, 7 * MIB]);
+    blocks
+}
+
+#[test]
+fn completed_frees_of_several_streams_merge_before_the_next_allocation() {
+    let mut e = engine(64 * G);
+    let mut b = backing();
+    let mut o = TestOrder::default();
+    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
+    free(&mut e, &larger, 3, 1);
+    free(&mut e, &x, 0, 1);
+    free(&mut e, &y, 1, 1);
+    for s in [0, 1, 3] {
+        o.completed.insert(s, 2);
+    }
+    let maps = b.maps;
+    let a = alloc(&mut e, &mut b, &o, 2 * MIB, 2);
+    // The pair, merged: an exact fit, where without settling the 4 MiB block was the only
+    // one that fitted.
+    assert_eq!((a.offset, a.reuse, b.maps), (0, Some(ReuseKind::Opportunistic), maps));
+    assert_eq!(free_blocks_below(&e, 7 * MIB), vec![(3 * MIB, 4 * MIB, None)]);
+}
+
+#[test]
+fn the_requesting_streams_own_completed_frees_merge_too() {
+    let mut e = engine(64 * G);
+    let mut b = backing();
+    let mut o = TestOrder::default();
+    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
+    free(&mut e, &larger, 3, 1);
+    free(&mut e, &x, 2, 1);
+    free(&mut e, &y, 1, 1);
+    for s in [1, 2, 3] {
+        o.completed.insert(s, 2);
+    }
+    let a = alloc(&mut e, &mut b, &o, 2 * MIB, 2);
+    assert_eq!((a.offset, a.reuse), (0, Some(ReuseKind::Opportunistic)));
+}
+
+#[test]
+fn a_free_still_pending_stays_out_of_the_merge() {
+    let mut e = engine(64 * G);
+    let mut b = backing();
+    let mut o = TestOrder::default();
+    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
+    free(&mut e, &larger, 3, 1);
+    free(&mut e, &x, 0, 1);
+    free(&mut e, &y, 1, 1);
+    // Stream 0's free has not completed.
+    for s in [1, 3] {
+        o.completed.insert(s, 2);
+    }
+    let a = alloc(&mut e, &mut b, &o, 3 * MIB, 2);
+    assert_eq!(a.offset, 3 * MIB, "not over stream 0's pending free");
+    let below_the_pair = free_blocks_below(&e, 2 * MIB);
+    assert_eq!(below_the_pair, vec![(0, MIB, Some(tag(0, 1))), (MIB, MIB, None)]);
+    // Once it completes, the next allocation while several streams free merges it.
+    o.completed.insert(0, 2);
+    let z = alloc(&mut e, &mut b, &o, 512, 3);
+    free(&mut e, &z, 3, 2);
+    free(&mut e, &a, 1, 2);
+    let w = alloc(&mut e, &mut b, &o, 2 * MIB, 2);
+    assert_eq!((w.offset, w.reuse), (0, Some(ReuseKind::Opportunistic)));
+}
+
+/// With the opportunistic rule off, only the host's observations settle.
+#[test]
+fn without_the_opportunistic_rule_nothing_settles_on_completion() {
+    let mut e = engine(64 * G);
+    let mut b = backing();
+    let o = TestOrder { all_complete: true, ..TestOrder::default() };
+    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
+    free(&mut e, &larger, 3, 1);
+    free(&mut e, &x, 0, 1);
+    free(&mut e, &y, 1, 1);
+    let a = e.alloc(2 * MIB, 512, 2, &o, &mut b).unwrap();
+    assert_ne!(a.offset, 0);
+    let pair = free_blocks_below(&e, 2 * MIB);
+    assert_eq!(pair, vec![(0, MIB, Some(tag(0, 1))), (MIB, MIB, Some(tag(1, 1)))]);
+}
