@@ -8,6 +8,12 @@ from .workload_tables import LEGEND, allocator_table
 LIVES = ["64", "10000", "1000000"]
 
 
+
+def bar_of(allocator):
+    """The target ratio to the fastest baseline: 1.5× for the engine, 2× for the public API
+    (its locking and stream-ordered bookkeeping on top)."""
+    return 1.5 if allocator.startswith("soma-engine") else 2.0
+
 def hot_path(target, crit):
     """The hot-path table, its targets and the instruction counts (`crit`: mean ns)."""
     L = []
@@ -102,14 +108,15 @@ def _paired_table(w, cells):
               if a in ratios]
         if not rs:
             continue
-        within = sum(1 for _, r, _ in rs if r <= 1.5)
-        ok = all(r <= 1.5 and b for _, r, b in rs)
+        bar = bar_of(a)
+        within = sum(1 for _, r, _ in rs if r <= bar)
+        ok = all(r <= bar and b for _, r, b in rs)
         worst = max(rs, key=lambda x: x[1])
         slower = [cell for cell, _, b in rs if not b]
         part = (f"; slower than soma-replica at {', '.join(slower)}" if slower else "")
         w(f"- Target (`{a}`, interleaved medians): every cell faster than soma-replica and "
-          f"within 1.5× of the fastest baseline — {verdict(ok)} ({within} of {len(rs)} cells "
-          f"within 1.5×, worst {worst[1]:.2f}× at {worst[0]}{part}).")
+          f"within {bar:g}× of the fastest baseline — {verdict(ok)} ({within} of {len(rs)} "
+          f"cells within {bar:g}×, worst {worst[1]:.2f}× at {worst[0]}{part}).")
     w("")
 
 
@@ -164,15 +171,16 @@ def random_allocations(target, crit):
         w("")
     for a in VARIANTS:
         rs = rel[a]
+        bar = bar_of(a)
         if not rs:
             w(f"- Target (`{a}`): every cell faster than soma-replica and first-fit and "
-              "within 1.5× of the fastest baseline — not measured.")
+              f"within {bar:g}× of the fastest baseline — not measured.")
             continue
-        ok = all(r <= 1.5 and beats for _, r, beats in rs)
+        ok = all(r <= bar and beats for _, r, beats in rs)
         worst = max(rs, key=lambda x: x[1])
         part = "" if len(rs) == len(cells) else f"; {len(rs)} of {len(cells)} cells measured"
         w(f"- Target (`{a}`): every cell faster than soma-replica and first-fit and within "
-          f"1.5× of the fastest baseline — {verdict(ok)} (worst {worst[1]:.1f}× at "
+          f"{bar:g}× of the fastest baseline — {verdict(ok)} (worst {worst[1]:.1f}× at "
           f"{worst[0]}{part}).")
     w("")
     _paired_table(w, cells)

@@ -112,10 +112,14 @@ def _streams_table(w, rows):
     if ratios:
         worst = max(ratios, key=lambda x: x[1])
         frag = max(ratios, key=lambda x: x[2])
+        one = {t: by[(t, 1)]["rounds"][0]["fragmentation_vs_requested"] for t, _, _ in ratios}
+        above_one = [f"{t} {f:.3f} vs {one[t]:.3f}" for t, _, f in ratios if f > one[t] + 0.005]
         w(f"- Target: 4 streams ≤ 2× the single-stream host cost per op (medians over every "
           f"replay of the rounds) — {verdict(worst[1] <= 2)} (worst {worst[1]:.2f}× on "
           f"{worst[0]}); fragmentation ≤ 1.05 with 4 streams — {verdict(frag[2] <= 1.05)} "
-          f"(highest {frag[2]:.3f}, {frag[0]}).")
+          f"(highest {frag[2]:.3f}, {frag[0]}); with 4 streams, every trace within 0.005 of "
+          f"its one-stream fragmentation — {verdict(not above_one)}" +
+          (f" ({'; '.join(above_one)})." if above_one else "."))
 
 
 def _reruns_table(w, rows):

@@ -1,8 +1,9 @@
 //! A workload run again on the same pool makes no driver call: the bundled PyTorch traces and
 //! cells of RAPIDS RMM's `random_allocations`, each replayed several times on one default
-//! pool through the public API (everything freed between replays; on one stream, or each
-//! replay on the next of four streams with no synchronisation), counted by the pool and by
-//! the software NPU. Counts and ratios only, never time.
+//! pool through the public API (everything freed between replays; on one stream, each replay
+//! on the next of four streams, or each op on the next of four streams, with no
+//! synchronisation), counted by the pool and by the software NPU. Counts and ratios only,
+//! never time.
 
 use std::path::Path;
 
