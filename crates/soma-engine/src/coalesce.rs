@@ -16,8 +16,10 @@ pub(crate) const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
 
 /// While several streams free, an allocation settles the completed frees
 /// ([`Engine::settle_completed`]) once the frees since the last settle number at least
-/// 1 / `SETTLE_SPACING` of the free blocks that stayed pending then. Each settle looks at
-/// those blocks again, so the frees pay for it: O(`SETTLE_SPACING`) block visits per free.
+/// 1 / `SETTLE_SPACING` of the free blocks that settle looked at and left pending (it looks
+/// at a stream's blocks when the stream completed or was observed past something since).
+/// The next settle looks at those blocks again, so the frees pay for it:
+/// O(`SETTLE_SPACING`) block visits per free.
 /// While the device keeps up, few stay pending and nearly every allocation settles, so that
 /// frees of streams used op by op merge as one stream's would; a stream with many frees in
 /// flight is looked at less often.

@@ -94,3 +94,40 @@ fn without_the_opportunistic_rule_nothing_settles_on_completion() {
     let pair = free_blocks_below(&e, 2 * MIB);
     assert_eq!(pair, vec![(0, MIB, Some(tag(0, 1))), (MIB, MIB, Some(tag(1, 1)))]);
 }
+
+/// Settling looks again at every block still pending, so while many stay pending an
+/// allocation settles only once enough frees followed the last settle (`SETTLE_SPACING`):
+/// here 17 pending blocks make the next settle due after 4 frees.
+#[test]
+fn many_pending_frees_space_the_settles_out() {
+    let mut e = engine(64 * G);
+    let mut b = backing();
+    let mut o = TestOrder::default();
+    let x = alloc(&mut e, &mut b, &o, MIB, 0);
+    let y = alloc(&mut e, &mut b, &o, MIB, 0);
+    let larger = alloc(&mut e, &mut b, &o, 4 * MIB, 0);
+    let small: Vec<_> = (0..33).map(|_| alloc(&mut e, &mut b, &o, 4096, 0)).collect();
+    assert_eq!((x.offset, y.offset, larger.offset), (0, MIB, 2 * MIB));
+    // 17 frees of stream 0 that stay pending, apart from each other (the device completed
+    // stream 0's earlier work: settling looks at them).
+    for s in small.iter().step_by(2) {
+        free(&mut e, s, 0, 5);
+    }
+    free(&mut e, &small[1], 1, 1);
+    o.completed.insert(0, 2);
+    o.completed.insert(1, 2);
+    // Several streams freed: this allocation settles, and 17 blocks stay pending.
+    let _ = alloc(&mut e, &mut b, &o, 512, 3);
+    // Three frees: not yet due.
+    free(&mut e, &x, 1, 2);
+    free(&mut e, &y, 2, 1);
+    free(&mut e, &larger, 3, 1);
+    o.completed.insert(1, 3);
+    o.completed.insert(2, 2);
+    let a = alloc(&mut e, &mut b, &o, 2 * MIB, 3);
+    assert_eq!(a.offset, 2 * MIB, "x and y are still apart");
+    // The fourth free makes it due: x and y merge, an exact fit.
+    free(&mut e, &a, 3, 2);
+    let a = alloc(&mut e, &mut b, &o, 2 * MIB, 3);
+    assert_eq!((a.offset, a.reuse), (0, Some(ReuseKind::Opportunistic)));
+}
