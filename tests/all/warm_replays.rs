@@ -58,6 +58,35 @@ fn replay_on_one_pool(ops: &[Op], slots: usize, capacity: u64, how: Replays) -> 
     (per_replay, pool.stats().fragmentation())
 }
 
+/// Replays `ops` `count` times on one default pool of a device of `capacity` bytes, each op
+/// on the next of four streams (a free on another stream than the allocation's handed off
+/// first), the sanitizer off: the map calls of each replay, and the pool's peak reserved /
+/// peak used over all of them.
+fn replay_spread_over_four_streams(
+    ops: &[Op],
+    slots: usize,
+    capacity: u64,
+    count: usize,
+) -> (Vec<u64>, f64) {
+    let npu = soma::sim::Npu::builder()
+        .capacity(capacity)
+        .sanitizer(soma::sim::SanitizerMode::Off)
+        .build()
+        .unwrap();
+    let dev = device_of(&npu);
+    let streams: Vec<_> = (0..4).map(|_| dev.create_stream().unwrap()).collect();
+    let pool = MemPool::builder().build(&dev).unwrap();
+    let mut maps = Vec::new();
+    for _ in 0..count {
+        let before = pool.stats().map_calls;
+        let mut api = SomaStreams::new(&pool, &streams, "soma-4-streams");
+        let left = replay(&mut api, ops, slots);
+        free_all(&mut api, left);
+        maps.push(pool.stats().map_calls - before);
+    }
+    (maps, pool.stats().fragmentation())
+}
+
 /// The first replay maps; the later ones make no call at all, and nothing is ever unmapped.
 fn assert_warm_replays_make_no_calls(what: &str, calls: &[Calls]) {
     assert!(calls[0].pool_maps > 0 && calls[0].device_maps > 0, "{what}: {calls:?}");
@@ -137,22 +166,7 @@ fn random_allocations_replayed_again_make_no_driver_calls() {
 #[test]
 fn random_allocations_on_streams_in_turn_hardly_grow_once_warm() {
     let w = random_allocations(1_000, 64, 16_000, SEED);
-    let npu = soma::sim::Npu::builder()
-        .capacity(64 << 30)
-        .sanitizer(soma::sim::SanitizerMode::Off)
-        .build()
-        .unwrap();
-    let dev = device_of(&npu);
-    let streams: Vec<_> = (0..4).map(|_| dev.create_stream().unwrap()).collect();
-    let pool = MemPool::builder().build(&dev).unwrap();
-    let mut maps = Vec::new();
-    for _ in 0..6 {
-        let before = pool.stats().map_calls;
-        let mut api = SomaStreams::new(&pool, &streams, "soma-4-streams");
-        let left = replay(&mut api, &w.ops, w.slots);
-        free_all(&mut api, left);
-        maps.push(pool.stats().map_calls - before);
-    }
+    let (maps, _) = replay_spread_over_four_streams(&w.ops, w.slots, 64 << 30, 6);
     // Without settling before growth, every warm replay grew again (about 2 % of the first
     // replay's maps each, steadily); with it, the five together stay under 5 %.
     let warm: u64 = maps[1..].iter().sum();
@@ -171,23 +185,7 @@ fn bundled_traces_with_ops_spread_over_four_streams_place_as_on_one_stream() {
     let dir = bundled_trace_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
     for p in &find_traces(&dir).unwrap() {
         let trace = Trace::load(p).unwrap();
-        let npu = soma::sim::Npu::builder()
-            .capacity(16 << 30)
-            .sanitizer(soma::sim::SanitizerMode::Off)
-            .build()
-            .unwrap();
-        let dev = device_of(&npu);
-        let streams: Vec<_> = (0..4).map(|_| dev.create_stream().unwrap()).collect();
-        let pool = MemPool::builder().build(&dev).unwrap();
-        let mut maps = Vec::new();
-        for _ in 0..3 {
-            let before = pool.stats().map_calls;
-            let mut api = SomaStreams::new(&pool, &streams, "soma-4-streams");
-            let left = replay(&mut api, &trace.ops, trace.slots);
-            free_all(&mut api, left);
-            maps.push(pool.stats().map_calls - before);
-        }
-        let spread = pool.stats().fragmentation();
+        let (maps, spread) = replay_spread_over_four_streams(&trace.ops, trace.slots, 16 << 30, 3);
         let one =
             replay_on_one_pool(&trace.ops, trace.slots, 16 << 30, Replays { count: 1, streams: 1 })
                 .1;

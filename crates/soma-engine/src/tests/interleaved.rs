@@ -8,27 +8,37 @@ use crate::ReuseKind;
 
 /// Blocks of 1, 1, 1, 4 and 1 MiB at [0, 8 MiB) on stream 0: the first two are the adjacent
 /// pair, the fourth the larger block elsewhere that also fits the pair's size; the third and
-/// fifth stay live around it.
-fn pair_and_a_larger_block(e: &mut Engine, b: &mut FakeBacking, o: &TestOrder) -> [Allocation; 5] {
+/// fifth stay live around it. The pair is freed on `pair_streams` and the larger block on
+/// stream 3, each at position 1; `order` says what completed.
+fn pair_freed_on(
+    pair_streams: [StreamSlot; 2],
+    order: &TestOrder,
+) -> (Engine, FakeBacking, [Allocation; 5]) {
+    let mut e = engine(64 * G);
+    let mut b = backing();
     let sizes = [MIB, MIB, MIB, 4 * MIB, MIB];
-    let blocks = sizes.map(|s| alloc(e, b, o, s, 0));
+    let blocks = sizes.map(|s| alloc(&mut e, &mut b, order, s, 0));
     let offsets = blocks.map(|a| a.offset);
     assert_eq!(offsets, [0, MIB, 2 * MIB, 3 * MIB, 7 * MIB]);
-    blocks
+    free(&mut e, &blocks[3], 3, 1);
+    free(&mut e, &blocks[0], pair_streams[0], 1);
+    free(&mut e, &blocks[1], pair_streams[1], 1);
+    (e, b, blocks)
+}
+
+/// A [`TestOrder`] in which the frees at position 1 of `streams` completed.
+fn completed_on(streams: &[StreamSlot]) -> TestOrder {
+    let mut o = TestOrder::default();
+    for &s in streams {
+        o.completed.insert(s, 2);
+    }
+    o
 }
 
 #[test]
 fn completed_frees_of_several_streams_merge_before_the_next_allocation() {
-    let mut e = engine(64 * G);
-    let mut b = backing();
-    let mut o = TestOrder::default();
-    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
-    free(&mut e, &larger, 3, 1);
-    free(&mut e, &x, 0, 1);
-    free(&mut e, &y, 1, 1);
-    for s in [0, 1, 3] {
-        o.completed.insert(s, 2);
-    }
+    let o = completed_on(&[0, 1, 3]);
+    let (mut e, mut b, _) = pair_freed_on([0, 1], &o);
     let maps = b.maps;
     let a = alloc(&mut e, &mut b, &o, 2 * MIB, 2);
     // The pair, merged: an exact fit, where without settling the 4 MiB block was the only
@@ -39,33 +49,17 @@ fn completed_frees_of_several_streams_merge_before_the_next_allocation() {
 
 #[test]
 fn the_requesting_streams_own_completed_frees_merge_too() {
-    let mut e = engine(64 * G);
-    let mut b = backing();
-    let mut o = TestOrder::default();
-    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
-    free(&mut e, &larger, 3, 1);
-    free(&mut e, &x, 2, 1);
-    free(&mut e, &y, 1, 1);
-    for s in [1, 2, 3] {
-        o.completed.insert(s, 2);
-    }
+    let o = completed_on(&[1, 2, 3]);
+    let (mut e, mut b, _) = pair_freed_on([2, 1], &o);
     let a = alloc(&mut e, &mut b, &o, 2 * MIB, 2);
     assert_eq!((a.offset, a.reuse), (0, Some(ReuseKind::Opportunistic)));
 }
 
 #[test]
 fn a_free_still_pending_stays_out_of_the_merge() {
-    let mut e = engine(64 * G);
-    let mut b = backing();
-    let mut o = TestOrder::default();
-    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
-    free(&mut e, &larger, 3, 1);
-    free(&mut e, &x, 0, 1);
-    free(&mut e, &y, 1, 1);
     // Stream 0's free has not completed.
-    for s in [1, 3] {
-        o.completed.insert(s, 2);
-    }
+    let mut o = completed_on(&[1, 3]);
+    let (mut e, mut b, _) = pair_freed_on([0, 1], &o);
     let a = alloc(&mut e, &mut b, &o, 3 * MIB, 2);
     assert_eq!(a.offset, 3 * MIB, "not over stream 0's pending free");
     let below_the_pair = free_blocks_below(&e, 2 * MIB);
@@ -82,13 +76,8 @@ fn a_free_still_pending_stays_out_of_the_merge() {
 /// With the opportunistic rule off, only the host's observations settle.
 #[test]
 fn without_the_opportunistic_rule_nothing_settles_on_completion() {
-    let mut e = engine(64 * G);
-    let mut b = backing();
     let o = TestOrder { all_complete: true, ..TestOrder::default() };
-    let [x, y, _, larger, _] = pair_and_a_larger_block(&mut e, &mut b, &o);
-    free(&mut e, &larger, 3, 1);
-    free(&mut e, &x, 0, 1);
-    free(&mut e, &y, 1, 1);
+    let (mut e, mut b, _) = pair_freed_on([0, 1], &o);
     let a = e.alloc(2 * MIB, 512, 2, &o, &mut b).unwrap();
     assert_ne!(a.offset, 0);
     let pair = free_blocks_below(&e, 2 * MIB);
