@@ -98,7 +98,8 @@ pub struct PoolStats {
     pub recycling_pauses: u64,
     /// Free bytes cached on a stream whose free the host has not observed (not yet reusable
     /// by every stream): a synchronisation, a successful query or a dropped stream makes
-    /// the frees it covers leave this count.
+    /// the frees it covers leave this count, and so does the pool settling a free that the
+    /// device completed (docs/semantics.md, *Settling on completion*).
     pub pending_bytes: u64,
     /// All free mapped bytes.
     pub free_bytes: u64,
