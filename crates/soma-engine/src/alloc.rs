@@ -277,6 +277,9 @@ impl Engine {
         with_dependency: bool,
     ) -> Result<Option<Allocation>, AllocError<Infallible>> {
         let (size, align) = self.checked_request(bytes, align)?;
+        if self.settle_due() {
+            let _ = self.settle_completed(order);
+        }
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }

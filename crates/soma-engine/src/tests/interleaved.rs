@@ -47,6 +47,15 @@ fn completed_frees_of_several_streams_merge_before_the_next_allocation() {
     assert_eq!(free_blocks_below(&e, 7 * MIB), vec![(3 * MIB, 4 * MIB, None)]);
 }
 
+/// The same for a search of cached memory alone (a sharded pool asks every shard first).
+#[test]
+fn a_search_of_cached_memory_settles_too() {
+    let o = completed_on(&[0, 1, 3]);
+    let (mut e, _, _) = pair_freed_on([0, 1], &o);
+    let a = e.alloc_cached(2 * MIB, 512, 2, &o, false).unwrap().unwrap();
+    assert_eq!((a.offset, a.reuse), (0, Some(ReuseKind::Opportunistic)));
+}
+
 #[test]
 fn the_requesting_streams_own_completed_frees_merge_too() {
     let o = completed_on(&[1, 2, 3]);
