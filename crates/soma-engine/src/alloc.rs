@@ -327,8 +327,8 @@ impl Engine {
     }
 
     /// Another stream's border block is eligible for `stream` because its free completed:
-    /// settles what completed ([`Engine::settle_completed`]) and finds the border block again
-    /// (larger, or merged with `stream`'s free block below it).
+    /// settles what completed ([`Engine::settle_completed_for`]) and finds the border block
+    /// again (larger, or merged with `stream`'s free block below it).
     #[cold]
     #[inline(never)]
     fn settle_for_border(

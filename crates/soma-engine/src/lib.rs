@@ -26,8 +26,9 @@
 //!   for untagged memory. O(1) insert / remove / class search. Every free block is in the
 //!   index of its tag except, on an engine that does not recycle (the default), the *border
 //!   block*: the free block directly below the unmapped space that reaches the end of the
-//!   range, where growth extends the mapped memory. It is in no index and serves a request only when no indexed block fits (search order, step
-//!   3), like the top chunk of a `malloc`: a workload run again on memory mapped by its first
+//!   range, where growth extends the mapped memory. It is in no index and serves a request
+//!   only when no indexed block fits (search order, step 3), like the top chunk of a
+//!   `malloc`: a workload run again on memory mapped by its first
 //!   run then places every block where that run did, which needs no further mapping (with
 //!   frees on one stream and recycling off, exactly; `tests/border.rs`).
 //! * **Segments**: every [`Backing::map`] call creates one segment; segments are unmapped
@@ -71,7 +72,7 @@
 //! 3. **The border block** (no recycling), if the request fits it and `T` may use it (own,
 //!    untagged, or eligible as in step 2). O(log holes).
 //! 4. **Growth** (maps memory, see below), after settling what the other streams freed and
-//!    the device completed (`Engine::settle_completed`, only under rule 3) and searching
+//!    the device completed (`Engine::settle_completed_for`, only under rule 3) and searching
 //!    steps 1–3 again if that settled anything: extending an eligible free block adjacent to
 //!    unmapped space, else a new run in the lowest unmapped hole that fits; before mapping
 //!    above the all-time reserved high, fully free *recyclable* segments elsewhere are
@@ -193,7 +194,7 @@
 //! place within 0.5 % of runs on one stream (`tests/traces.rs`,
 //! `synchronized_runs_on_streams_in_turn_place_as_on_one_stream`). Without a
 //! synchronisation, a request that takes another stream's border block under rule 3 settles
-//! what the device has completed (`Engine::settle_completed`: those frees are eligible for
+//! what the device has completed (`Engine::settle_completed_for`: those frees are eligible for
 //! every stream under that rule anyway), and the requester's frees then merge with it: runs
 //! on streams in turn place as on one stream (`tests/border.rs`). A request about to grow
 //! settles the same way first. And while several streams free (each op on the next stream,
@@ -216,8 +217,9 @@
 //! mapped, and peak reserved creeps from run to run: on the BERT trace run again and again
 //! from empty, 1.007 → 1.058–1.072 within 5–20 runs, a batched GPT-2 decode whose rows
 //! retire 1.015 → 1.075; with packing BERT stays at most 1.040 (`tests/traces.rs`,
-//! `trace_fragmentation_over_replays` with `SOMA_RECYCLE=1`). A run that keeps what it leaves live (weights
-//! resident, as a server or training loop does) never empties and needs none: it converges
+//! `trace_fragmentation_over_replays` with `SOMA_RECYCLE=1`). A run that keeps what it
+//! leaves live (weights resident, as a server or training loop does) never empties and
+//! needs none: it converges
 //! within 1.05 on its own.
 //!
 //! # Failure atomicity
