@@ -15,7 +15,7 @@ pub(crate) const NO_FREER: StreamSlot = StreamSlot::MAX;
 pub(crate) const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
 
 /// While several streams free, an allocation settles the completed frees
-/// ([`Engine::settle_completed`]) once the frees since the last settle number at least
+/// (`Engine::settle_completed`) once the frees since the last settle number at least
 /// 1 / `SETTLE_SPACING` of the free blocks that settle looked at and left pending (it looks
 /// at a stream's blocks when the stream completed or was observed past something since).
 /// The next settle looks at those blocks again, so the frees pay for it:
