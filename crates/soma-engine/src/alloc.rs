@@ -173,9 +173,7 @@ impl Engine {
         if self.pack_wanted && self.stats.live_blocks == 0 {
             self.pack_idle(order, backing);
         }
-        if self.settle_due() {
-            let _ = self.settle_completed(order);
-        }
+        self.settle_if_due(order);
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(self.commit_cached(idx, size, align, kind, None));
         }
@@ -277,9 +275,7 @@ impl Engine {
         with_dependency: bool,
     ) -> Result<Option<Allocation>, AllocError<Infallible>> {
         let (size, align) = self.checked_request(bytes, align)?;
-        if self.settle_due() {
-            let _ = self.settle_completed(order);
-        }
+        self.settle_if_due(order);
         if let Some((idx, kind)) = self.find_cached(size, align, stream, order) {
             return Ok(Some(self.commit_cached(idx, size, align, kind, None)));
         }

@@ -25,14 +25,6 @@ pub(crate) const SEVERAL_FREERS: StreamSlot = StreamSlot::MAX - 1;
 /// flight is looked at less often.
 pub const SETTLE_SPACING: u64 = 4;
 
-/// When [`Engine::settle_due`] last reset: the free count then, and how many more frees make
-/// the next settle due.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SettledAt {
-    pub(crate) frees: u64,
-    pub(crate) spacing: u64,
-}
-
 /// Index in `Engine::indexes` of the free index holding blocks with this tag state.
 #[inline]
 pub(crate) fn index_slot(tagged: bool, stream: StreamSlot) -> usize {
@@ -500,13 +492,15 @@ impl Engine {
         self.settle_below(order, true, Some(requester))
     }
 
-    /// Whether an allocation settles the completed frees first: several streams freed since
-    /// the last settle, and the frees since then number at least 1 / [`SETTLE_SPACING`] of
-    /// the blocks that stayed pending at the last settle (each settle looks at those again).
+    /// What an allocation does first: settles the completed frees
+    /// ([`Engine::settle_completed`]) when several streams freed since the last settle and
+    /// the frees since then number at least 1 / [`SETTLE_SPACING`] of the blocks that stayed
+    /// pending at the last settle (each settle looks at those again).
     #[inline(always)]
-    pub(crate) fn settle_due(&self) -> bool {
-        self.solo_freer == SEVERAL_FREERS
-            && self.stats.frees - self.settled_at.frees >= self.settled_at.spacing
+    pub(crate) fn settle_if_due(&mut self, order: &dyn StreamOrder) {
+        if self.solo_freer == SEVERAL_FREERS && self.stats.frees >= self.settle_due_at {
+            let _ = self.settle_completed(order);
+        }
     }
 
     /// [`Engine::settle`] (below the host-observed bounds) or, `on_completion`,
@@ -591,7 +585,7 @@ impl Engine {
             }
         }
         let pending = looked_at.saturating_sub(settled) as u64;
-        self.settled_at = SettledAt { frees: self.stats.frees, spacing: pending / SETTLE_SPACING };
+        self.settle_due_at = self.stats.frees + pending / SETTLE_SPACING;
         settled
     }
 

@@ -363,9 +363,9 @@ pub struct Engine {
     /// The only stream that freed since the last [`Engine::settle`], `NO_FREER` or
     /// `SEVERAL_FREERS` (see `Engine::coalescable`).
     solo_freer: StreamSlot,
-    /// When the last settle happened, in frees, and when the next one is due (see
-    /// `Engine::settle_due`).
-    settled_at: coalesce::SettledAt,
+    /// The free count from which the next settle at an allocation is due (see
+    /// `Engine::settle_if_due`).
+    settle_due_at: u64,
     /// The first private stream slot (see [`Engine::set_private_slots`]).
     private_from: StreamSlot,
 }
@@ -431,7 +431,7 @@ impl Engine {
             dependency_first: false,
             settled_below: Vec::new(),
             solo_freer: NO_FREER,
-            settled_at: coalesce::SettledAt::default(),
+            settle_due_at: 0,
             private_from: StreamSlot::MAX,
         })
     }
