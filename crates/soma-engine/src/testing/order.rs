@@ -163,18 +163,14 @@ impl StreamOrder for ClockOrder<'_> {
     ///
     /// When asked about the requesting stream itself (the engine never should).
     fn eligibility(&self, s: StreamSlot) -> Eligibility {
-        let s = s as usize;
-        assert_ne!(Some(s), self.requester, "eligibility asked for the requesting stream");
+        let i = s as usize;
+        assert_ne!(Some(i), self.requester, "eligibility asked for the requesting stream");
         let c = self.clocks;
         let event = match self.requester {
-            Some(t) if c.follow => c.vc[t][s],
+            Some(t) if c.follow => c.vc[t][i],
             _ => 0,
         };
-        Eligibility {
-            host_observed: c.host_bound(s),
-            event,
-            completed: if c.opportunistic { c.complete_bound(s) } else { 0 },
-        }
+        Eligibility { event, ..self.completion(s) }
     }
 
     fn internal_dependencies(&self) -> bool {
