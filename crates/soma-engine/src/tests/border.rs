@@ -54,12 +54,10 @@ fn a_free_block_becomes_the_border_block_when_the_memory_above_it_goes() {
     assert_eq!((a.offset, b.maps), (0, maps));
 }
 
-/// Frees on one stream, recycling off: the second run of a sequence from an empty engine
-/// places every block where the first run did, and maps nothing.
-#[test]
-fn a_sequence_run_again_from_empty_places_as_its_first_run() {
-    let mut rng = TestRng::new(7);
-    let sizes = [512, 4096, 65536, MIB / 2, MIB, 3 * MIB, 7 * MIB];
+/// 3000 ops from `seed`: an allocation of one of `sizes` plus up to 4 KiB (`Some`), or a free
+/// of a live one (`None`, 45 % of the time while any is live).
+fn random_sequence(seed: u64, sizes: &[u64]) -> Vec<Option<u64>> {
+    let mut rng = TestRng::new(seed);
     let mut ops = Vec::new();
     let mut live = 0usize;
     for _ in 0..3000 {
@@ -71,40 +69,69 @@ fn a_sequence_run_again_from_empty_places_as_its_first_run() {
             live += 1;
         }
     }
-    let mut e = engine(4096 * G);
-    e.set_recycle_on_growth(false);
-    let mut b = backing();
-    let o = TestOrder::complete();
-    let mut runs = Vec::new();
-    for run in 0..3u64 {
-        let maps = b.maps;
-        let mut live: Vec<Allocation> = Vec::new();
-        let mut offsets = Vec::new();
-        let mut pick = TestRng::new(11);
-        for (pos, op) in ops.iter().enumerate() {
-            match op {
-                Some(bytes) => {
-                    let a = e.alloc(*bytes, 512, 0, &o, &mut b).unwrap();
-                    offsets.push(a.offset);
-                    live.push(a);
-                }
-                None => {
-                    let a = live.swap_remove(pick.index(live.len()));
-                    e.free(a.block, tag(0, run * 10_000 + pos as u64)).unwrap();
-                }
+    ops
+}
+
+/// Runs `ops` from an empty engine on `stream`, a free at op `k` tagged at `first_pos + k`
+/// (a random live block: the same ones every run) and what is left at `end_pos`: the offsets
+/// of its allocations and the maps it made.
+fn run_sequence(
+    e: &mut Engine,
+    b: &mut FakeBacking,
+    o: &TestOrder,
+    ops: &[Option<u64>],
+    stream: StreamSlot,
+    (first_pos, end_pos): (u64, u64),
+) -> (Vec<u64>, u64) {
+    let maps = b.maps;
+    let mut live: Vec<Allocation> = Vec::new();
+    let mut offsets = Vec::new();
+    let mut pick = TestRng::new(11);
+    for (k, op) in ops.iter().enumerate() {
+        match op {
+            Some(bytes) => {
+                let a = e.alloc(*bytes, 512, stream, o, b).unwrap();
+                offsets.push(a.offset);
+                live.push(a);
+            }
+            None => {
+                let a = live.swap_remove(pick.index(live.len()));
+                e.free(a.block, tag(stream, first_pos + k as u64)).unwrap();
             }
         }
-        for a in live {
-            e.free(a.block, tag(0, run * 10_000 + 9_999)).unwrap();
-        }
-        e.check_invariants().unwrap();
-        runs.push((offsets, b.maps - maps));
     }
+    for a in live {
+        e.free(a.block, tag(stream, end_pos)).unwrap();
+    }
+    e.check_invariants().unwrap();
+    (offsets, b.maps - maps)
+}
+
+/// The first run mapped; every later one mapped nothing and placed as the first did.
+fn assert_later_runs_place_as_the_first(runs: &[(Vec<u64>, u64)]) {
     assert!(runs[0].1 > 0);
     for (r, (offsets, maps)) in runs.iter().enumerate().skip(1) {
         assert_eq!(*maps, 0, "run {r} maps nothing");
         assert!(offsets == &runs[0].0, "run {r} places as the first run");
     }
+}
+
+/// Frees on one stream, recycling off: the second run of a sequence from an empty engine
+/// places every block where the first run did, and maps nothing.
+#[test]
+fn a_sequence_run_again_from_empty_places_as_its_first_run() {
+    let ops = random_sequence(7, &[512, 4096, 65536, MIB / 2, MIB, 3 * MIB, 7 * MIB]);
+    let mut e = engine(4096 * G);
+    e.set_recycle_on_growth(false);
+    let mut b = backing();
+    let o = TestOrder::complete();
+    let runs: Vec<_> = (0..3u64)
+        .map(|run| {
+            let positions = (run * 10_000, run * 10_000 + 9_999);
+            run_sequence(&mut e, &mut b, &o, &ops, 0, positions)
+        })
+        .collect();
+    assert_later_runs_place_as_the_first(&runs);
 }
 
 /// Streams used in turn (a server running each request on the next of its streams): when a
@@ -155,53 +182,17 @@ fn a_border_block_taken_through_an_event_stays_tagged() {
 /// nothing, as on one stream.
 #[test]
 fn a_sequence_run_on_streams_in_turn_places_as_its_first_run() {
-    let mut rng = TestRng::new(5);
     let sizes = [512, 4096, 65536, MIB / 2, MIB, 3 * MIB, 7 * MIB, 19 * MIB];
-    let mut ops = Vec::new();
-    let mut live = 0usize;
-    for _ in 0..3000 {
-        if live > 0 && rng.chance(45) {
-            ops.push(None);
-            live -= 1;
-        } else {
-            ops.push(Some(sizes[rng.index(sizes.len())] + rng.below(4096)));
-            live += 1;
-        }
-    }
+    let ops = random_sequence(5, &sizes);
     let mut e = engine(4096 * G);
     let mut b = backing();
     let mut o = TestOrder::default();
     let mut runs = Vec::new();
-    for run in 0..4u64 {
-        let stream = run as StreamSlot;
-        let maps = b.maps;
-        let mut live: Vec<Allocation> = Vec::new();
-        let mut offsets = Vec::new();
-        let mut pick = TestRng::new(11);
-        for (pos, op) in ops.iter().enumerate() {
-            match op {
-                Some(bytes) => {
-                    let a = e.alloc(*bytes, 512, stream, &o, &mut b).unwrap();
-                    offsets.push(a.offset);
-                    live.push(a);
-                }
-                None => {
-                    let a = live.swap_remove(pick.index(live.len()));
-                    e.free(a.block, tag(stream, pos as u64 + 1)).unwrap();
-                }
-            }
-        }
-        for a in live {
-            e.free(a.block, tag(stream, ops.len() as u64 + 1)).unwrap();
-        }
-        e.check_invariants().unwrap();
+    for stream in 0..4 {
+        let end = ops.len() as u64 + 1;
+        runs.push(run_sequence(&mut e, &mut b, &o, &ops, stream, (1, end)));
         // The device completes the run before the next stream starts.
-        o.completed.insert(stream, ops.len() as u64 + 2);
-        runs.push((offsets, b.maps - maps));
+        o.completed.insert(stream, end + 1);
     }
-    assert!(runs[0].1 > 0);
-    for (r, (offsets, maps)) in runs.iter().enumerate().skip(1) {
-        assert_eq!(*maps, 0, "run {r} maps nothing");
-        assert!(offsets == &runs[0].0, "run {r} places as the first run");
-    }
+    assert_later_runs_place_as_the_first(&runs);
 }
